@@ -1,0 +1,3 @@
+"""gossip: decentralized deep learning over ZeroMQ."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from gossip.cli import main
+
+main()

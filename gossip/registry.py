@@ -1,0 +1,46 @@
+"""Build components from names; an unknown name lists the ones that exist."""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+from gossip.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A name -> factory table for one family of components (strategies, compressors...)."""
+
+    def __init__(self, family: str):
+        self.family = family
+        self._factories: dict[str, Callable[..., T]] = {}
+
+    def register(self, name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator registering ``factory`` under ``name``."""
+
+        def decorate(factory: Callable[..., T]) -> Callable[..., T]:
+            if name in self._factories:
+                raise ValueError(f"{self.family} {name!r} is already registered")
+            self._factories[name] = factory
+            return factory
+
+        return decorate
+
+    def get(self, name: str) -> Callable[..., T]:
+        """The factory for ``name``; raises ConfigError listing the known names."""
+        try:
+            return self._factories[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown {self.family} {name!r}; available: {', '.join(self.names())}"
+            ) from None
+
+    def create(self, name: str, /, **kwargs) -> T:
+        return self.get(name)(**kwargs)
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._factories
