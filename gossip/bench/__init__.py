@@ -1,0 +1,1 @@
+"""Benchmark helpers: a multi-process runner and communication baselines."""

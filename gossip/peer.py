@@ -1,0 +1,128 @@
+"""Peer: one rank's transport + strategy, behind ``synchronize`` and ``step``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from gossip.errors import ConfigError
+from gossip.strategies import STRATEGIES, Strategy, create_strategy
+from gossip.strategies.base import check_options
+from gossip.transport import Transport, ZmqTransport
+
+log = logging.getLogger("gossip.peer")
+
+
+class Peer:
+    """One rank of a decentralized training job.
+
+    Use as a context manager: entering opens the transport (binds this rank's address),
+    leaving says goodbye to the peers it talked to and closes every socket.
+
+    Args:
+        rank: This peer's rank in ``topology``.
+        topology: A ``gossip.Topology`` naming every peer's address and the graph.
+        strategy: Registered strategy name (see ``gossip.STRATEGIES.names()``).
+        timeout: Seconds to wait for any one message before raising PeerTimeout.
+        transport: A transport to use instead of ZeroMQ (e.g. loopback in tests); the Peer
+            takes ownership and closes it.
+        **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce.
+
+    Raises:
+        ConfigError: unknown strategy or option, or rank not in the topology.
+    """
+
+    def __init__(self, rank: int, topology, strategy: str = "dpsgd", *, timeout: float = 60.0,
+                 transport: Transport | None = None, **options: Any):
+        if not 0 <= rank < topology.size:
+            raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
+        STRATEGIES.get(strategy)
+        check_options(strategy, options)
+        if timeout <= 0:
+            raise ConfigError(f"timeout must be positive, got {timeout}")
+        self.rank = rank
+        self.topology = topology
+        self.strategy_name = strategy
+        self.options = options
+        self.timeout = timeout
+        self.transport = transport
+        self.strategy: Strategy | None = None
+        self.round = 0  # next round used by step()
+
+    def __enter__(self) -> "Peer":
+        if self.transport is None:
+            endpoints = [self.topology.address(r) for r in range(self.topology.size)]
+            self.transport = ZmqTransport(self.rank, endpoints, timeout=self.timeout).open()
+        try:
+            self.strategy = self.add_strategy(self.strategy_name, **self.options)
+        except BaseException:
+            self.transport.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.transport.shutdown(timeout=min(self.timeout, 10.0))
+        else:
+            self.transport.close()
+
+    def add_strategy(self, name: str, **options: Any) -> Strategy:
+        """Build another strategy on this peer's transport (give it a distinct ``tag``)."""
+        strategy = create_strategy(name, rank=self.rank, topology=self.topology,
+                                   transport=self.transport, options=options)
+        self.transport.accept_kinds(strategy.kinds)
+        return strategy
+
+    @property
+    def operates_on(self) -> str:
+        return STRATEGIES.get(self.strategy_name).operates_on
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Exact bytes and message counts so far (header + frames), and seconds spent waiting."""
+        return self.transport.stats.snapshot()
+
+    def synchronize(self, tensor: torch.Tensor, round: int) -> torch.Tensor:
+        """Run one round of the strategy on ``tensor``; the result is on its device.
+
+        Every peer must call this with a tensor of the same length and the same ``round``.
+        """
+        if self.strategy is None:
+            raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+        host = tensor.detach()
+        out = self.strategy.synchronize(host.cpu() if host.device.type != "cpu" else host, round)
+        return out.to(tensor.device, non_blocking=True)
+
+    def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """One synchronized optimizer step.
+
+        Gradient strategies average the gradients before ``optimizer.step()``; gossip
+        strategies step locally, then mix the parameters with the neighbours.
+        """
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.strategy.operates_on == "grads":
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            averaged = self.synchronize(parameters_to_vector(grads), self.round)
+            for p, g in zip(params, _split_like(averaged, params)):
+                if p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+            optimizer.step()
+        else:
+            optimizer.step()
+            with torch.no_grad():
+                mixed = self.synchronize(parameters_to_vector(params), self.round)
+                vector_to_parameters(mixed, params)
+        self.round += 1
+
+
+def _split_like(flat: torch.Tensor, params) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for p in params:
+        out.append(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return out

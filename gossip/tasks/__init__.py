@@ -1,0 +1,25 @@
+"""Learning tasks (datasets + models), peer partitioning and evaluation.
+
+Usage::
+
+    task = create_task("digits", seed=0)
+    shards = partition(task.train.y, num_peers, scheme="dirichlet", alpha=0.5)
+    stream = BatchStream(task.train, shards[rank], batch_size=32, seed=rank)
+"""
+
+from gossip.tasks.base import TASKS, BatchStream, Split, Task, create_task, evaluate
+from gossip.tasks.partition import SCHEMES, partition
+
+# Imported for its registration side effect; it imports sklearn lazily.
+from gossip.tasks import digits as _digits  # noqa: F401  isort: skip
+
+__all__ = [
+    "TASKS",
+    "SCHEMES",
+    "BatchStream",
+    "Split",
+    "Task",
+    "create_task",
+    "evaluate",
+    "partition",
+]

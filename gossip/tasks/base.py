@@ -1,0 +1,195 @@
+"""Task data types, the per-peer batch stream and evaluation.
+
+A :class:`Task` bundles a dataset (already split and preprocessed, held as tensors
+in memory), a model factory and a loss. The training loop only ever sees this
+module's types, so new tasks plug in by registering a factory in :data:`TASKS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gossip.errors import ConfigError
+from gossip.registry import Registry
+
+# Factories take ``seed`` (keyword) and return a Task. Defined here rather than in
+# ``gossip.tasks.__init__`` so task modules can register without a circular import.
+TASKS: Registry["Task"] = Registry("task")
+
+
+@dataclass(frozen=True)
+class Split:
+    """One labelled set of examples.
+
+    Attributes:
+        x: Features, float32, first dimension indexes examples.
+        y: Class labels, int64, shape ``(len(x),)``.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.x.shape[0] != self.y.shape[0]:
+            raise ConfigError(
+                f"split x has {self.x.shape[0]} examples but y has {self.y.shape[0]}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclass
+class Task:
+    """A learning problem: data, a model factory and a loss.
+
+    Attributes:
+        name: Registry name of the task.
+        train: Training examples (each peer trains on a shard of these).
+        test: Held-out examples used by :func:`evaluate`.
+        num_classes: Number of label classes.
+        build_model: Returns a fresh model; deterministic once the caller has called
+            ``torch.manual_seed`` (peers rely on this to start from identical weights).
+        loss_fn: ``loss_fn(logits, labels) -> scalar mean loss``.
+    """
+
+    name: str
+    train: Split
+    test: Split
+    num_classes: int
+    build_model: Callable[[], torch.nn.Module]
+    loss_fn: Callable = F.cross_entropy
+
+
+def create_task(name: str = "digits", *, seed: int = 0) -> Task:
+    """Build the task registered as ``name``.
+
+    Args:
+        name: A name in :data:`TASKS`.
+        seed: Seeds the task's train/test split (not model initialisation).
+
+    Returns:
+        The task.
+
+    Raises:
+        ConfigError: ``name`` is not registered (the message lists known tasks).
+    """
+    return TASKS.create(name, seed=seed)
+
+
+class BatchStream:
+    """Infinite, seeded mini-batches over one peer's shard of a split.
+
+    Every epoch visits the shard in a fresh seeded order. The last partial batch of
+    an epoch is dropped so all batches have the same size (keeps per-step cost and
+    gradient noise uniform across peers), unless the whole shard is smaller than
+    ``batch_size``, in which case every batch is the whole shard, reshuffled.
+
+    Attributes:
+        epoch: 0-based index of the pass over the shard the last batch came from.
+    """
+
+    def __init__(self, split: Split, indices: np.ndarray, *, batch_size: int, seed: int):
+        """Create the stream.
+
+        Args:
+            split: The split to draw from.
+            indices: Indices into ``split`` forming this peer's shard.
+            batch_size: Examples per batch, >= 1.
+            seed: Seeds the shuffling; equal seeds give equal batch sequences.
+
+        Raises:
+            ConfigError: ``batch_size`` < 1, or ``indices`` is empty or out of range.
+        """
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if indices.size == 0:
+            raise ConfigError("indices must not be empty (a peer needs at least one example)")
+        if indices.min() < 0 or indices.max() >= len(split):
+            raise ConfigError(f"indices must lie in [0, {len(split)}), the split's size")
+        self._split = split
+        self._indices = indices
+        self._rng = np.random.default_rng(seed)
+        self._batch = min(batch_size, indices.size)
+        self._order = self._rng.permutation(indices)
+        self._pos = 0
+        self.epoch = 0
+
+    @property
+    def batch_size(self) -> int:
+        """Effective batch size (the shard size if that is smaller than requested)."""
+        return self._batch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Number of batches in one pass over the shard."""
+        return self._indices.size // self._batch
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the next ``(x, y)`` batch."""
+        if self._pos + self._batch > self._order.size:
+            self.epoch += 1
+            self._order = self._rng.permutation(self._indices)
+            self._pos = 0
+        idx = torch.from_numpy(self._order[self._pos : self._pos + self._batch])
+        self._pos += self._batch
+        return self._split.x[idx], self._split.y[idx]
+
+    def __iter__(self) -> "BatchStream":
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.next()
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    split: Split,
+    loss_fn: Callable = F.cross_entropy,
+    *,
+    batch_size: int = 4096,
+) -> tuple[float, float]:
+    """Mean loss and accuracy of ``model`` on ``split``.
+
+    The model is put in eval mode for the pass and its previous mode restored after,
+    so calling this mid-training does not leave dropout/batch-norm switched off.
+
+    Args:
+        model: Maps ``split.x`` to logits of shape ``(n, num_classes)``.
+        split: Examples to score; moved to the model's device batch by batch.
+        loss_fn: ``loss_fn(logits, labels)`` returning the mean loss of a batch.
+        batch_size: Examples per forward pass (bounds memory on large splits).
+
+    Returns:
+        ``(mean loss, accuracy in [0, 1])`` over all examples.
+
+    Raises:
+        ConfigError: ``split`` is empty.
+    """
+    n = len(split)
+    if n == 0:
+        raise ConfigError("cannot evaluate on an empty split")
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else split.x.device
+    was_training = model.training
+    model.eval()
+    try:
+        loss_sum = 0.0
+        correct = 0
+        for start in range(0, n, batch_size):
+            x = split.x[start : start + batch_size].to(device)
+            y = split.y[start : start + batch_size].to(device)
+            logits = model(x)
+            # loss_fn averages over the batch; re-weight so the result is a true mean.
+            loss_sum += float(loss_fn(logits, y)) * y.shape[0]
+            correct += int((logits.argmax(dim=1) == y).sum())
+        return loss_sum / n, correct / n
+    finally:
+        model.train(was_training)

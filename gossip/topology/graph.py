@@ -1,0 +1,293 @@
+"""The Topology: who the peers are, where they listen and whom they talk to."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import networkx as nx
+import numpy as np
+
+from gossip.errors import TopologyError
+from gossip.topology import generators, weights
+
+# describe() prints the P x P matrix only while it stays readable.
+_DESCRIBE_MAX_MATRIX = 32
+
+
+@dataclass(frozen=True)
+class PeerAddress:
+    """Where peer ``rank`` listens."""
+
+    rank: int
+    host: str
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        """ZeroMQ endpoint, ``tcp://host:port`` (IPv6 hosts bracketed)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_peer(index: int, peer: Any) -> None:
+    where = f"peers[{index}]"
+    if not isinstance(peer, PeerAddress):
+        raise TopologyError(f"{where}: expected a PeerAddress, got {type(peer).__name__}")
+    if not _is_int(peer.rank):
+        raise TopologyError(f"{where}.rank: expected an integer, got {peer.rank!r}")
+    if not isinstance(peer.host, str) or not peer.host.strip():
+        raise TopologyError(f"{where}.host: expected a non-empty string, got {peer.host!r}")
+    if not _is_int(peer.port):
+        raise TopologyError(f"{where}.port: expected an integer, got {peer.port!r}")
+    if not 1 <= peer.port <= 65535:
+        raise TopologyError(f"{where}.port: {peer.port} is not a valid port (1-65535)")
+
+
+def _check_peers(peers: Sequence[PeerAddress]) -> tuple[PeerAddress, ...]:
+    """Validated peers sorted by rank; ranks must be exactly ``0..P-1``."""
+    if not peers:
+        raise TopologyError("peers: a topology needs at least one peer")
+    first_index: dict[int, int] = {}
+    for index, peer in enumerate(peers):
+        _check_peer(index, peer)
+        if peer.rank in first_index:
+            raise TopologyError(
+                f"duplicate rank {peer.rank} in peers[{first_index[peer.rank]}] and peers[{index}]"
+            )
+        first_index[peer.rank] = index
+    # P distinct ranks with none missing from 0..P-1 leaves none out of range.
+    for rank in range(len(peers)):
+        if rank not in first_index:
+            raise TopologyError(f"missing peer rank {rank} (ranks must be 0..{len(peers) - 1})")
+    ordered = tuple(sorted(peers, key=lambda peer: peer.rank))
+    owner: dict[tuple[str, int], int] = {}
+    for peer in ordered:
+        key = (peer.host, peer.port)
+        if key in owner:
+            raise TopologyError(
+                f"duplicate address {peer.host}:{peer.port} (ranks {owner[key]} and {peer.rank})"
+            )
+        owner[key] = peer.rank
+    return ordered
+
+
+def _format_component(nodes) -> str:
+    return "{" + ",".join(str(node) for node in sorted(nodes)) + "}"
+
+
+def _check_graph(graph: Any, size: int) -> nx.Graph:
+    """A frozen copy of ``graph`` with nodes inserted in rank order."""
+    if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
+        raise TopologyError(f"graph: expected an undirected simple nx.Graph, got {type(graph).__name__}")
+    ranks = set(range(size))
+    for node in graph.nodes:
+        if node not in ranks or not _is_int(node):
+            raise TopologyError(f"graph: node {node!r} is not a peer (ranks must be 0..{size - 1})")
+    for rank in range(size):
+        if rank not in graph:
+            raise TopologyError(f"graph: no node for peer rank {rank}")
+    for node, _ in nx.selfloop_edges(graph):
+        raise TopologyError(f"graph: self-loop on rank {node}")
+    if not nx.is_connected(graph):
+        parts = sorted((sorted(c) for c in nx.connected_components(graph)), key=lambda c: c[0])
+        text = [_format_component(part) for part in parts]
+        raise TopologyError(
+            f"graph is disconnected: components {', '.join(text[:-1])} and {text[-1]}"
+        )
+    clean = nx.Graph()
+    clean.add_nodes_from(range(size))
+    clean.add_edges_from(sorted((min(a, b), max(a, b)) for a, b in graph.edges()))
+    return nx.freeze(clean)
+
+
+class Topology:
+    """Immutable description of a peer-to-peer graph: nodes are ranks ``0..P-1``.
+
+    Args:
+        graph: Connected undirected graph on nodes ``0..P-1`` (copied and frozen).
+        peers: One PeerAddress per rank, in any order.
+        name: Human label, e.g. ``"ring-8"``.
+
+    Raises:
+        TopologyError: Naming the field for any invalid peer, duplicate rank or address,
+            missing rank, foreign node, self-loop or disconnected graph.
+    """
+
+    def __init__(self, graph: nx.Graph, peers: Sequence[PeerAddress], *, name: str | None = None):
+        if name is not None and not isinstance(name, str):
+            raise TopologyError(f"name: expected a string, got {name!r}")
+        self._peers = _check_peers(tuple(peers))
+        self._graph = _check_graph(graph, len(self._peers))
+        self._name = name
+        self._neighbors = {
+            rank: tuple(sorted(self._graph.neighbors(rank))) for rank in range(self.size)
+        }
+        self._edges = tuple(sorted(self._graph.edges()))
+        self._mixing: np.ndarray | None = None
+
+    # -- plain data -----------------------------------------------------------------
+
+    @property
+    def graph(self) -> nx.Graph:
+        """The frozen graph (mutating it raises)."""
+        return self._graph
+
+    @property
+    def peers(self) -> tuple[PeerAddress, ...]:
+        """Peer addresses indexed by rank."""
+        return self._peers
+
+    @property
+    def name(self) -> str | None:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        """Number of peers P."""
+        return len(self._peers)
+
+    def _rank(self, rank: int) -> int:
+        if not _is_int(rank) or not 0 <= rank < self.size:
+            raise TopologyError(f"rank {rank!r} is not a peer (ranks are 0..{self.size - 1})")
+        return int(rank)
+
+    def neighbors(self, rank: int) -> tuple[int, ...]:
+        """Sorted neighbour ranks of ``rank``."""
+        return self._neighbors[self._rank(rank)]
+
+    def degree(self, rank: int) -> int:
+        return len(self.neighbors(rank))
+
+    def address(self, rank: int) -> str:
+        """ZeroMQ endpoint ``tcp://host:port`` of ``rank``."""
+        return self._peers[self._rank(rank)].endpoint
+
+    def edges(self) -> list[tuple[int, int]]:
+        """Sorted edge list, each as ``(a, b)`` with ``a < b``."""
+        return list(self._edges)
+
+    def mixing_matrix(self) -> np.ndarray:
+        """Metropolis-Hastings mixing matrix (float64); a fresh copy of a cached array."""
+        if self._mixing is None:
+            self._mixing = weights.metropolis_hastings(self._graph)
+        return self._mixing.copy()
+
+    def spectral_gap(self) -> float:
+        """``1 - |lambda_2|`` of the mixing matrix (1.0 for a single peer)."""
+        return weights.spectral_gap(self.mixing_matrix())
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Topology:
+        """Load and validate a topology file; errors start with ``path``."""
+        from gossip.topology import io  # io builds Topology objects, so import lazily
+
+        return io.load(path)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "<dict>") -> Topology:
+        """Validate a parsed topology mapping; errors start with ``source``."""
+        from gossip.topology import io
+
+        return io.parse(data, source=source)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Explicit form (name, peers, edges) that ``from_dict`` accepts back."""
+        from gossip.topology import io
+
+        return io.to_dict(self)
+
+    def to_yaml(self, path: str | Path) -> None:
+        from gossip.topology import io
+
+        io.dump(self, path)
+
+    @classmethod
+    def ring(cls, n: int, *, host: str = "127.0.0.1", base_port: int = 7000) -> Topology:
+        return cls.generate("ring", n, host=host, base_port=base_port)
+
+    @classmethod
+    def generate(
+        cls,
+        kind: str,
+        n: int | None = None,
+        *,
+        host: str = "127.0.0.1",
+        base_port: int = 7000,
+        **params,
+    ) -> Topology:
+        """Generated graph with rank ``i`` at ``host:base_port+i``, named ``kind-P``.
+
+        Raises:
+            ConfigError: Unknown kind or bad parameters (see ``generators.build``).
+        """
+        graph = generators.build(kind, n, **params)
+        size = graph.number_of_nodes()
+        peers = [PeerAddress(rank, host, base_port + rank) for rank in range(size)]
+        return cls(graph, peers, name=f"{kind}-{size}")
+
+    def relocated(self, *, host: str | None = None, ports: Sequence[int] | None = None) -> Topology:
+        """Same graph and name at new addresses (e.g. free ports found by the launcher).
+
+        Args:
+            host: New host for every peer; unchanged when None.
+            ports: New port per rank (length P); unchanged when None.
+        """
+        if ports is not None and len(ports) != self.size:
+            raise TopologyError(f"ports: expected {self.size} ports, got {len(ports)}")
+        peers = [
+            PeerAddress(
+                peer.rank,
+                peer.host if host is None else host,
+                peer.port if ports is None else ports[peer.rank],
+            )
+            for peer in self._peers
+        ]
+        return Topology(self._graph, peers, name=self._name)
+
+    # -- presentation ---------------------------------------------------------------
+
+    def describe(self) -> str:
+        """Multi-line human summary for ``gossip topology show``."""
+        matrix = self.mixing_matrix()
+        lam2 = weights.second_eigenvalue(matrix)
+        lines = [f"topology {self._name or '(unnamed)'}: P={self.size}, {len(self._edges)} edges", "peers:"]
+        width = len(str(self.size - 1))
+        for peer in self._peers:
+            lines.append(
+                f"  rank {peer.rank:>{width}}  {peer.host}:{peer.port}  degree {self.degree(peer.rank)}"
+                f"  neighbours {list(self.neighbors(peer.rank))}"
+            )
+        lines.append("edges: " + (" ".join(f"{a}-{b}" for a, b in self._edges) or "(none)"))
+        if self.size <= _DESCRIBE_MAX_MATRIX:
+            lines.append("mixing matrix (Metropolis-Hastings):")
+            lines.extend("  " + " ".join(f"{value:.3f}" for value in row) for row in matrix)
+        else:
+            lines.append(f"mixing matrix (Metropolis-Hastings): omitted for P > {_DESCRIBE_MAX_MATRIX}")
+        lines.append(f"spectral gap: {weights.spectral_gap(matrix):.4f}")
+        lines.append(f"second largest |eigenvalue|: {lam2:.4f}")
+        return "\n".join(lines)
+
+    # -- value semantics ------------------------------------------------------------
+
+    def _key(self) -> tuple:
+        return (self._name, self._peers, self._edges)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Topology):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Topology(name={self._name!r}, size={self.size}, edges={len(self._edges)})"

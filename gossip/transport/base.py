@@ -1,0 +1,238 @@
+"""Transport interface: send a Message to a rank, receive one matched by (src, kind, round)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from gossip.errors import PeerTimeout, ProtocolError
+from gossip.transport import codec
+from gossip.transport.message import Message
+
+log = logging.getLogger("gossip.transport")
+
+# Messages that arrived before anyone asked for them are kept, up to this many bytes.
+DEFAULT_MAX_PENDING_BYTES = 4 << 30
+BYE = "bye"  # internal: the sender is done and sends nothing more
+
+
+@dataclass
+class TransportStats:
+    """Exact counters of what went over the socket (header + frames) and what was rejected."""
+
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    messages_sent: int = 0
+    messages_recv: int = 0
+    messages_rejected: int = 0
+    wait_s: float = 0.0  # time blocked waiting for a message
+    rejections: deque = field(default_factory=lambda: deque(maxlen=32))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "bytes_sent": self.bytes_sent,
+            "bytes_recv": self.bytes_recv,
+            "messages_sent": self.messages_sent,
+            "messages_recv": self.messages_recv,
+            "messages_rejected": self.messages_rejected,
+            "wait_s": self.wait_s,
+        }
+
+
+class Delivery:
+    """Handle of a sent message: ``wait()`` returns once its tensors may be modified again."""
+
+    def __init__(self, transport: "Transport", dst: int, trackers: list):
+        self._transport, self._dst, self._trackers = transport, dst, trackers
+
+    def wait(self, timeout: float | None = None) -> None:
+        limit = self._transport.timeout if timeout is None else timeout
+        for tracker in self._trackers:
+            if not tracker.wait(limit):
+                raise PeerTimeout(f"rank {self._transport.rank}: message to "
+                                  f"{self._transport.describe(self._dst)} not sent within "
+                                  f"{limit:g} s")
+
+
+class Transport(ABC):
+    """Point-to-point messages between ranks with out-of-order buffering.
+
+    Subclasses move frames; this class encodes, validates, counts and matches.
+
+    Args:
+        rank: This peer's rank.
+        kinds: Message kinds accepted; others are rejected. None accepts any valid kind.
+        timeout: Default seconds ``recv`` waits before raising PeerTimeout.
+        max_message_bytes: Larger messages are rejected.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        *,
+        kinds: Sequence[str] | None = None,
+        timeout: float = 60.0,
+        max_message_bytes: int = codec.DEFAULT_MAX_MESSAGE_BYTES,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    ):
+        self.rank = rank
+        self.timeout = timeout
+        self.kinds = frozenset(kinds) if kinds is not None else None
+        self.max_message_bytes = max_message_bytes
+        self.max_pending_bytes = max_pending_bytes
+        self.stats = TransportStats()
+        self._pending: deque[tuple[Message, int]] = deque()
+        self._pending_bytes = 0
+        self.contacts: set[int] = set()  # ranks we sent to or heard from
+        self.departed: set[int] = set()  # ranks that said goodbye
+
+    # -- subclass hooks -------------------------------------------------------------------
+    @abstractmethod
+    def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False) -> list:
+        """Queue one multipart message for ``dst``; with ``track``, return handles whose
+        ``wait(timeout)`` returns once the transport no longer reads the tensors."""
+
+    @abstractmethod
+    def _recv_frames(self, timeout: float) -> list | None:
+        """The next multipart message from anyone, or None after ``timeout`` seconds."""
+
+    @abstractmethod
+    def close(self, linger: float = 0.0) -> None:
+        """Release every socket, giving unsent messages at most ``linger`` seconds."""
+
+    def describe(self, rank: int) -> str:
+        """How to name ``rank`` in an error message."""
+        return f"peer {rank}"
+
+    # -- public API -----------------------------------------------------------------------
+    def accept_kinds(self, kinds: Sequence[str]) -> None:
+        """Also accept messages of these kinds from now on."""
+        self.kinds = (self.kinds or frozenset()) | frozenset(kinds)
+
+    def send(self, dst: int, msg: Message, *, track: bool = False) -> "Delivery":
+        """Queue ``msg`` for ``dst`` and return at once; the message may still be in flight.
+
+        Large tensors are sent zero-copy: do not modify them until ``.wait()`` on the
+        returned Delivery (only meaningful with ``track=True``) has returned.
+        """
+        header, frames = codec.encode(msg, self.rank)
+        trackers = self._send_frames(dst, header, frames, track)
+        self.contacts.add(dst)
+        self.stats.bytes_sent += len(header) + sum(f.numel() for f in frames)
+        self.stats.messages_sent += 1
+        return Delivery(self, dst, trackers)
+
+    def recv(
+        self,
+        *,
+        src: int | None = None,
+        kind: str | None = None,
+        round: int | None = None,
+        timeout: float | None = None,
+    ) -> Message:
+        """The oldest message matching every given field; others are kept for later calls.
+
+        Raises:
+            PeerTimeout: nothing matching arrived within ``timeout`` (default: self.timeout).
+        """
+        for i, (msg, size) in enumerate(self._pending):
+            if _matches(msg, src, kind, round):
+                del self._pending[i]
+                self._pending_bytes -= size
+                return msg
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            remaining = deadline - time.monotonic()
+            start = time.perf_counter()
+            frames = self._recv_frames(max(remaining, 0.0))
+            self.stats.wait_s += time.perf_counter() - start
+            if frames is None:
+                who = self.describe(src) if src is not None else "any peer"
+                raise PeerTimeout(
+                    f"rank {self.rank}: no {kind or 'message'} from {who} for round "
+                    f"{round if round is not None else 'any'} within {limit:g} s"
+                )
+            msg, size = self._accept(frames)
+            if msg is None:
+                continue
+            if _matches(msg, src, kind, round):
+                return msg
+            self._keep(msg, size)
+
+    def shutdown(self, timeout: float = 10.0, flush: float = 1.0) -> set[int]:
+        """Say goodbye to every contact and wait for theirs, then close.
+
+        Once a contact's goodbye arrived, everything it sent before has arrived too (per-pair
+        FIFO) and it no longer needs anything from us. Only our own goodbyes may still be
+        queued: they get ``flush`` seconds, so closing never blocks for long.
+        Returns the contacts that did not say goodbye within ``timeout`` (dead or stuck).
+        """
+        try:
+            for dst in sorted(self.contacts - self.departed):
+                try:
+                    self.send(dst, Message(kind=BYE, round=-1))
+                except PeerTimeout:
+                    pass
+            deadline = time.monotonic() + timeout
+            while self.contacts - self.departed and time.monotonic() < deadline:
+                frames = self._recv_frames(max(deadline - time.monotonic(), 0.0))
+                if frames is not None:
+                    self._accept(frames)
+            missing = self.contacts - self.departed
+            if missing:
+                log.warning("rank %d: no goodbye from %s within %g s", self.rank,
+                            ", ".join(self.describe(r) for r in sorted(missing)), timeout)
+            return missing
+        finally:
+            self.close(linger=flush)
+
+    # -- internals ------------------------------------------------------------------------
+    def _accept(self, frames: list) -> tuple[Message | None, int]:
+        size = sum(len(_view(f)) for f in frames)
+        self.stats.bytes_recv += size
+        try:
+            msg = codec.decode(frames, kinds=self.kinds and self.kinds | {BYE},
+                               max_message_bytes=self.max_message_bytes)
+        except ProtocolError as exc:
+            self.reject(f"{exc} ({size} bytes)")
+            return None, size
+        self.stats.messages_recv += 1
+        self.contacts.add(msg.src)
+        if msg.kind == BYE:
+            self.departed.add(msg.src)
+            return None, size
+        return msg, size
+
+    def reject(self, reason: str) -> None:
+        """Log and count a dropped message; the peer keeps going."""
+        self.stats.messages_rejected += 1
+        self.stats.rejections.append(reason)
+        log.warning("rank %d: rejected message: %s", self.rank, reason)
+
+    def _keep(self, msg: Message, size: int) -> None:
+        if self._pending_bytes + size > self.max_pending_bytes:
+            self.reject(f"{msg.kind} round {msg.round} from peer {msg.src}: "
+                        f"unclaimed-message buffer full ({self._pending_bytes} bytes)")
+            return
+        self._pending.append((msg, size))
+        self._pending_bytes += size
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _matches(msg: Message, src: int | None, kind: str | None, round: int | None) -> bool:
+    return ((src is None or msg.src == src) and (kind is None or msg.kind == kind)
+            and (round is None or msg.round == round))
+
+
+def _view(frame: Any) -> memoryview:
+    return memoryview(frame.buffer if hasattr(frame, "buffer") else frame)

@@ -1,0 +1,159 @@
+"""Wire format: frame 0 is a msgpack header, then one raw frame per tensor. Never pickle.
+
+Header: ``{"v": 1, "kind": str, "round": int, "src": int, "meta": map,
+"tensors": [{"dtype": str, "shape": [int, ...]}, ...]}``.
+Every header is validated before any buffer is interpreted, so a hostile or broken message
+is rejected with a reason instead of crashing the peer or allocating unbounded memory.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Sequence
+
+import msgpack
+import torch
+
+from gossip.errors import ProtocolError
+from gossip.transport.message import Message
+
+VERSION = 1
+MAX_HEADER_BYTES = 64 * 1024
+MAX_TENSORS = 64
+MAX_DIMS = 8
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 31  # 2 GiB: a 500M-float tensor per message at most
+
+_KIND = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+_ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in DTYPES.values()}
+# Below this many bytes copying into the zmq message beats the zero-copy bookkeeping.
+ZERO_COPY_MIN_BYTES = 64 * 1024
+
+
+def check_kind(kind: str) -> str:
+    if not isinstance(kind, str) or not _KIND.match(kind):
+        raise ProtocolError(f"invalid message kind {kind!r}: want lowercase [a-z0-9_.-], <= 64 chars")
+    return kind
+
+
+def host_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU uint8 view of ``tensor`` (staged through host memory if on a device)."""
+    if tensor.dtype not in _DTYPE_NAMES:
+        raise ProtocolError(f"dtype {tensor.dtype} cannot be sent; allowed: {', '.join(DTYPES)}")
+    flat = tensor.detach().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    return flat.contiguous().view(torch.uint8)
+
+
+def encode(msg: Message, src: int) -> tuple[bytes, list[torch.Tensor]]:
+    """Header bytes and the uint8 host views of ``msg.buffers``, in frame order."""
+    check_kind(msg.kind)
+    frames = [host_bytes(t) for t in msg.buffers]
+    header = {
+        "v": VERSION,
+        "kind": msg.kind,
+        "round": int(msg.round),
+        "src": int(src),
+        "meta": dict(msg.meta),
+        "tensors": [{"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape)} for t in msg.buffers],
+    }
+    return msgpack.packb(header, use_bin_type=True), frames
+
+
+def decode(
+    frames: Sequence[Any],
+    *,
+    kinds: frozenset[str] | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> Message:
+    """Validate and decode received frames (bytes or zmq.Frame) into a Message.
+
+    Raises:
+        ProtocolError: naming what is wrong with the message.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    header_buf = _buffer(frames[0])
+    if len(header_buf) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(header_buf)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(header_buf, raw=False, strict_map_key=True, max_bin_len=0,
+                                 max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"header is not valid msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a map")
+    if header.get("v") != VERSION:
+        raise ProtocolError(f"unsupported protocol version {header.get('v')!r} (want {VERSION})")
+    kind = header.get("kind")
+    check_kind(kind)
+    if kinds is not None and kind not in kinds:
+        raise ProtocolError(f"unexpected message kind {kind!r}")
+    rnd, src, meta = header.get("round"), header.get("src"), header.get("meta")
+    if not _is_int(rnd) or not _is_int(src) or src < 0:
+        raise ProtocolError(f"bad round/src in header: round={rnd!r} src={src!r}")
+    if not isinstance(meta, dict):
+        raise ProtocolError("header meta is not a map")
+    specs = header.get("tensors")
+    if not isinstance(specs, list) or len(specs) > MAX_TENSORS:
+        raise ProtocolError(f"header tensors must be a list of at most {MAX_TENSORS} entries")
+    if len(specs) != len(frames) - 1:
+        raise ProtocolError(f"header lists {len(specs)} tensors but {len(frames) - 1} frames came")
+    total = len(header_buf)
+    buffers = []
+    for i, (spec, frame) in enumerate(zip(specs, frames[1:])):
+        dtype, shape = _tensor_spec(i, spec)
+        buf = _buffer(frame)
+        total += len(buf)
+        if total > max_message_bytes:
+            raise ProtocolError(f"message exceeds the size limit of {max_message_bytes} bytes")
+        expected = math.prod(shape) * _ITEMSIZE[dtype]
+        if expected != len(buf):
+            raise ProtocolError(
+                f"tensor {i}: shape {shape} of {_DTYPE_NAMES[dtype]} needs {expected} bytes, "
+                f"frame has {len(buf)}"
+            )
+        buffers.append(_as_tensor(buf, dtype, shape))
+    return Message(kind=kind, round=rnd, src=src, meta=meta, buffers=tuple(buffers))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tensor_spec(i: int, spec: Any) -> tuple[torch.dtype, list[int]]:
+    if not isinstance(spec, dict):
+        raise ProtocolError(f"tensor {i}: spec is not a map")
+    dtype = DTYPES.get(spec.get("dtype"))
+    if dtype is None:
+        raise ProtocolError(f"tensor {i}: dtype {spec.get('dtype')!r} not allowed")
+    shape = spec.get("shape")
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+            or not all(_is_int(d) and 0 <= d < 1 << 40 for d in shape)):
+        raise ProtocolError(f"tensor {i}: bad shape {shape!r}")
+    return dtype, shape
+
+
+def _buffer(frame: Any) -> memoryview:
+    buf = frame.buffer if hasattr(frame, "buffer") else frame
+    return memoryview(buf).cast("B")
+
+
+def _as_tensor(buf: memoryview, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    if len(buf) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)

@@ -1,0 +1,149 @@
+"""ZeroMQ TCP transport: one PULL socket bound per peer, one PUSH socket per destination.
+
+PUSH queues messages while a destination is still starting, so peers may start in any
+order. Per-pair ordering is FIFO, which the strategies rely on for multi-part exchanges.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import Sequence
+from urllib.parse import urlsplit
+
+import zmq
+
+from gossip.errors import PeerTimeout, TransportError
+from gossip.transport import codec
+from gossip.transport.base import Transport
+
+log = logging.getLogger("gossip.transport")
+
+# Queue depth per socket. Messages are large tensors, so this bounds memory, not the count
+# of messages a strategy may have in flight: ring pieces are sized so this is never reached.
+HWM = 10_000
+
+
+class ZmqTransport(Transport):
+    """Messages over ZeroMQ TCP between ranks whose endpoints are ``tcp://host:port``.
+
+    Args:
+        rank: This peer's rank; it binds ``endpoints[rank]``.
+        endpoints: Every rank's endpoint, indexed by rank.
+        **kwargs: See Transport.
+    """
+
+    def __init__(self, rank: int, endpoints: Sequence[str], **kwargs):
+        super().__init__(rank, **kwargs)
+        if not 0 <= rank < len(endpoints):
+            raise TransportError(f"rank {rank} has no endpoint (there are {len(endpoints)})")
+        self.endpoints = list(endpoints)
+        self._ctx: zmq.Context | None = None
+        self._pull: zmq.Socket | None = None
+        self._push: dict[int, zmq.Socket] = {}
+        self._poller = zmq.Poller()
+
+    def open(self) -> "ZmqTransport":
+        """Bind this rank's endpoint. Raises TransportError naming the address if it cannot."""
+        self._ctx = zmq.Context(io_threads=1)
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.setsockopt(zmq.RCVHWM, HWM)
+        self._pull.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        endpoint = self.endpoints[self.rank]
+        try:
+            self._pull.bind(_bind_address(endpoint))
+        except zmq.ZMQError as exc:
+            self.close()
+            raise TransportError(f"rank {self.rank} cannot listen on {endpoint}: {exc}") from None
+        self._poller.register(self._pull, zmq.POLLIN)
+        return self
+
+    def describe(self, rank: int) -> str:
+        where = self.endpoints[rank] if 0 <= rank < len(self.endpoints) else "?"
+        return f"peer {rank} ({where})"
+
+    def _socket_to(self, dst: int) -> zmq.Socket:
+        sock = self._push.get(dst)
+        if sock is None:
+            if self._ctx is None:
+                raise TransportError(f"rank {self.rank}: transport is not open")
+            if not 0 <= dst < len(self.endpoints):
+                raise TransportError(f"rank {self.rank}: no peer {dst} (there are "
+                                     f"{len(self.endpoints)})")
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, HWM)
+            sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
+            sock.connect(self.endpoints[dst])
+            self._push[dst] = sock
+        return sock
+
+    def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False) -> list:
+        parts, trackers = [header], []
+        for f in frames:
+            array = f.numpy()
+            # Zero-copy pays off only for large frames; small ones are cheaper to copy.
+            if array.nbytes < codec.ZERO_COPY_MIN_BYTES:
+                parts.append(zmq.Frame(array, copy=True))
+            else:
+                frame = zmq.Frame(array, copy=False, track=track)
+                parts.append(frame)
+                if track:
+                    trackers.append(_Tracker(frame.tracker))
+        try:
+            self._socket_to(dst).send_multipart(parts, copy=False)
+            return trackers
+        except zmq.Again:
+            raise PeerTimeout(f"rank {self.rank}: sending to {self.describe(dst)} timed out "
+                              f"after {self.timeout:g} s (is it running?)") from None
+
+    def _recv_frames(self, timeout: float) -> list | None:
+        if self._pull is None:
+            raise TransportError(f"rank {self.rank}: transport is not open")
+        try:
+            return self._pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            pass
+        if not self._poller.poll(timeout * 1000):
+            return None
+        return self._pull.recv_multipart(copy=False)
+
+    def close(self, linger: float = 0.0) -> None:
+        for sock in self._push.values():
+            sock.close(linger=int(linger * 1000))
+        self._push.clear()
+        if self._pull is not None:
+            self._poller.unregister(self._pull)
+            self._pull.close(linger=0)
+            self._pull = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def __enter__(self):
+        if self._ctx is None:
+            self.open()
+        return self
+
+
+class _Tracker:
+    def __init__(self, tracker: zmq.MessageTracker):
+        self._tracker = tracker
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self._tracker.wait(timeout)
+            return True
+        except zmq.NotDone:
+            return False
+
+
+def _bind_address(endpoint: str) -> str:
+    """Bind to the endpoint's IP; a host name binds every interface (it may not resolve here)."""
+    parts = urlsplit(endpoint)
+    try:
+        ipaddress.ip_address(parts.hostname or "")
+        return endpoint
+    except ValueError:
+        return f"{parts.scheme}://*:{parts.port}"
