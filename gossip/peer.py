@@ -29,6 +29,7 @@ class Peer:
         timeout: Seconds to wait for any one message before raising PeerTimeout.
         transport: A transport to use instead of ZeroMQ (e.g. loopback in tests); the Peer
             takes ownership and closes it.
+        local_ipc: Reach peers on loopback addresses over Unix sockets instead of TCP.
         **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce.
 
     Raises:
@@ -36,7 +37,7 @@ class Peer:
     """
 
     def __init__(self, rank: int, topology, strategy: str = "dpsgd", *, timeout: float = 60.0,
-                 transport: Transport | None = None, **options: Any):
+                 transport: Transport | None = None, local_ipc: bool = True, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
         STRATEGIES.get(strategy)
@@ -49,13 +50,15 @@ class Peer:
         self.options = options
         self.timeout = timeout
         self.transport = transport
+        self.local_ipc = local_ipc
         self.strategy: Strategy | None = None
         self.round = 0  # next round used by step()
 
     def __enter__(self) -> "Peer":
         if self.transport is None:
             endpoints = [self.topology.address(r) for r in range(self.topology.size)]
-            self.transport = ZmqTransport(self.rank, endpoints, timeout=self.timeout).open()
+            self.transport = ZmqTransport(self.rank, endpoints, timeout=self.timeout,
+                                          local_ipc=self.local_ipc).open()
         try:
             self.strategy = self.add_strategy(self.strategy_name, **self.options)
         except BaseException:
@@ -77,24 +80,25 @@ class Peer:
         return strategy
 
     @property
-    def operates_on(self) -> str:
-        return STRATEGIES.get(self.strategy_name).operates_on
-
-    @property
     def stats(self) -> dict[str, Any]:
         """Exact bytes and message counts so far (header + frames), and seconds spent waiting."""
         return self.transport.stats.snapshot()
 
-    def synchronize(self, tensor: torch.Tensor, round: int) -> torch.Tensor:
+    def synchronize(self, tensor: torch.Tensor, round: int, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
         """Run one round of the strategy on ``tensor``; the result is on its device.
 
         Every peer must call this with a tensor of the same length and the same ``round``.
+        With ``out`` (which may be ``tensor`` itself) the result is written there instead
+        of into a new tensor, which saves an allocation per round on large tensors.
         """
         if self.strategy is None:
             raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
-        host = tensor.detach()
-        out = self.strategy.synchronize(host.cpu() if host.device.type != "cpu" else host, round)
-        return out.to(tensor.device, non_blocking=True)
+        x = tensor.detach()
+        if x.device.type != "cpu":  # staged through host memory
+            result = self.strategy.synchronize(x.cpu().contiguous(), round)
+            return result.to(x.device) if out is None else out.copy_(result)
+        return self.strategy.synchronize(x.contiguous(), round, out=out)
 
     def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """One synchronized optimizer step.

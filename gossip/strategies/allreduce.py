@@ -2,7 +2,10 @@
 
 The tensor is cut into P segments (sizes differ by at most one element; some may be empty)
 and each segment into pieces of at most ``piece_bytes``. A piece is forwarded as soon as it
-is reduced, so large tensors stream around the ring instead of moving segment by segment.
+is reduced, so huge tensors stream around the ring instead of moving segment by segment
+(on few cores, fewer and larger messages are faster: the default only splits beyond 64 MiB).
+``out`` may alias the input: every value sent is read before this peer overwrites it, or
+its receiver has provably consumed it (the ring carries it back to us only after that).
 Ranks form the ring 0 -> 1 -> ... -> P-1 -> 0 whatever the topology's edges are.
 """
 
@@ -27,7 +30,7 @@ class RingAllReduce(Strategy):
 
     operates_on = "grads"
 
-    def __init__(self, *, rank, topology, transport, piece_bytes: int = 1 << 20,
+    def __init__(self, *, rank, topology, transport, piece_bytes: int = 64 << 20,
                  tag: str = "ring"):
         super().__init__(rank=rank, topology=topology, transport=transport)
         if piece_bytes < 64:
@@ -41,13 +44,13 @@ class RingAllReduce(Strategy):
     def kinds(self) -> tuple[str, ...]:
         return (f"{self.tag}.rs", f"{self.tag}.ag")
 
-    def synchronize(self, x: torch.Tensor, round: int) -> torch.Tensor:
+    def synchronize(self, x: torch.Tensor, round: int, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
         if not x.is_floating_point():
             raise ConfigError(f"ring-allreduce averages floating-point tensors, got {x.dtype}")
+        flat, out = x.reshape(-1), self._output(x, out)
         if self.size == 1:
-            return x.clone()
-        flat = x.reshape(-1)
-        out = torch.empty_like(flat)
+            return out.copy_(flat).view_as(x)
         pieces = self._pieces(flat.numel(), flat.element_size())
         rs, ag = self.kinds
         p, r = self.size, self.rank

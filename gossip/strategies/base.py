@@ -41,11 +41,23 @@ class Strategy(ABC):
         """Message kinds this strategy sends and expects."""
 
     @abstractmethod
-    def synchronize(self, x: torch.Tensor, round: int) -> torch.Tensor:
-        """Run one round on ``x`` (any shape, CPU); returns a new tensor of the same shape.
+    def synchronize(self, x: torch.Tensor, round: int, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """Run one round on ``x`` (contiguous, CPU) and return the result, shaped like ``x``.
 
-        ``x`` may be modified again as soon as this returns.
+        The result goes to ``out`` if given (which may be ``x`` itself: in place), else to a
+        new tensor. ``x`` may be modified again as soon as this returns.
         """
+
+    @staticmethod
+    def _output(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """The flat destination tensor for a result shaped like ``x``."""
+        if out is None:
+            return torch.empty(x.numel(), dtype=x.dtype)
+        if out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
+            raise ConfigError(f"out must be a contiguous {x.dtype} tensor of shape "
+                              f"{tuple(x.shape)}, got {out.dtype} {tuple(out.shape)}")
+        return out.view(-1)
 
     def _expect(self, msg: Message, numel: int) -> torch.Tensor:
         """The single tensor of ``msg``, checked to hold ``numel`` elements."""

@@ -30,16 +30,21 @@ class DPSGD(Strategy):
     def kinds(self) -> tuple[str, ...]:
         return (self.tag,)
 
-    def synchronize(self, x: torch.Tensor, round: int) -> torch.Tensor:
-        flat = x.reshape(-1)
+    def synchronize(self, x: torch.Tensor, round: int, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        flat, dest = x.reshape(-1), self._output(x, out)
         msg = Message(kind=self.tag, round=round, meta={"n": flat.numel()}, buffers=(flat,))
         sent = [self.transport.send(j, msg, track=True) for j in self.neighbors]
-        out = flat * self.self_weight
+        # Our own value is still being read by the sockets: accumulate apart, unless out is new.
+        acc = dest if out is None else torch.empty_like(flat)
+        torch.mul(flat, self.self_weight, out=acc)
         # Fixed neighbour order keeps the floating-point sum deterministic; early arrivals wait
         # in the transport's buffer meanwhile.
         for j in self.neighbors:
             reply = self.transport.recv(src=j, kind=self.tag, round=round)
-            out.add_(self._expect(reply, flat.numel()), alpha=self.weights[j])
+            acc.add_(self._expect(reply, flat.numel()), alpha=self.weights[j])
         for delivery in sent:
             delivery.wait()
-        return out.view_as(x)
+        if acc is not dest:
+            dest.copy_(acc)
+        return dest.view_as(x)

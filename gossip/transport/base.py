@@ -173,7 +173,7 @@ class Transport(ABC):
         Returns the contacts that did not say goodbye within ``timeout`` (dead or stuck).
         """
         try:
-            for dst in sorted(self.contacts - self.departed):
+            for dst in sorted(self.contacts):  # those already gone still wait for ours
                 try:
                     self.send(dst, Message(kind=BYE, round=-1))
                 except PeerTimeout:

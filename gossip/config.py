@@ -1,0 +1,111 @@
+"""The resolved configuration of a training run: frozen, validated, YAML round-trippable."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from gossip.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What every peer of a run trains and how it synchronizes.
+
+    Attributes:
+        strategy: Registered strategy name.
+        options: Strategy options (e.g. ``piece_bytes``).
+        task: Registered task name (data + model).
+        rounds: Optimizer steps per peer; each one synchronizes once.
+        batch_size: Samples per local step.
+        lr: SGD learning rate.
+        momentum: SGD momentum (local to each peer).
+        partition: ``iid`` or ``dirichlet`` split of the training data over peers.
+        alpha: Dirichlet concentration (smaller is more skewed).
+        seed: Seeds data split, model init and batches; equal on all peers.
+        eval_every: Rounds between consensus measurements (and at the last round).
+        timeout: Seconds to wait for any one message before giving up on a peer.
+    """
+
+    strategy: str = "dpsgd"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    task: str = "digits"
+    rounds: int = 300
+    batch_size: int = 32
+    lr: float = 0.1
+    momentum: float = 0.9
+    partition: str = "iid"
+    alpha: float = 0.5
+    seed: int = 0
+    eval_every: int = 25
+    timeout: float = 60.0
+
+    def __post_init__(self):
+        from gossip.strategies import STRATEGIES
+        from gossip.strategies.base import check_options
+        from gossip.tasks import SCHEMES, TASKS
+
+        STRATEGIES.get(self.strategy)
+        TASKS.get(self.task)
+        check_options(self.strategy, self.options)
+        _require(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
+        _require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+        _require(self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        _require(self.partition in SCHEMES, "partition", self.partition,
+                 f"must be one of {', '.join(SCHEMES)}")
+        _require(self.alpha > 0, "alpha", self.alpha, "must be > 0")
+        _require(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
+        _require(self.timeout > 0, "timeout", self.timeout, "must be > 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["options"] = dict(self.options)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> "TrainConfig":
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"{source}: unknown field {key!r}; fields: {', '.join(known)}")
+        values = {}
+        for key, value in data.items():
+            default = known[key].default
+            if isinstance(default, (int, float)) and not isinstance(default, bool):
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise ConfigError(f"{source}: {key}: expected a number, got {value!r}")
+                value = type(default)(value)
+            values[key] = value
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "TrainConfig":
+        data = load_yaml(path)
+        return cls.from_dict(data.get("train", data), source=str(path))
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from ``path``; errors name the file (and line)."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def _require(ok: bool, name: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name}: {value!r} {rule}")
