@@ -54,6 +54,7 @@ class ZmqTransport(Transport):
         self._pull.setsockopt(zmq.LINGER, 0)
         self._pull.setsockopt(zmq.RCVHWM, HWM)
         self._pull.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        self._poller.register(self._pull, zmq.POLLIN)
         endpoint = self.endpoints[self.rank]
         try:
             self._pull.bind(_bind_address(endpoint))
@@ -63,7 +64,6 @@ class ZmqTransport(Transport):
         except zmq.ZMQError as exc:
             self.close()
             raise TransportError(f"rank {self.rank} cannot listen on {endpoint}: {exc}") from None
-        self._poller.register(self._pull, zmq.POLLIN)
         return self
 
     def describe(self, rank: int) -> str:

@@ -1,0 +1,118 @@
+"""The command line as a user runs it: real `gossip` processes, real sockets, run directories."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gossip.metrics import read_jsonl
+from gossip.netutil import free_ports
+
+pytestmark = pytest.mark.slow
+REQUIRED_FIELDS = {"round", "time", "loss", "accuracy", "bytes_sent", "bytes_recv", "compute_s",
+                   "comm_s", "wait_s"}
+
+
+def gossip(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", "gossip", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def error_line(result) -> str:
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def write_topology(path: Path, ports: list[int], edges: list[list[int]]) -> Path:
+    path.write_text(yaml.safe_dump({
+        "peers": [{"rank": r, "host": "127.0.0.1", "port": p} for r, p in enumerate(ports)],
+        "edges": edges}))
+    return path
+
+
+def test_demo_reaches_90_percent_and_writes_the_run_directory(tmp_path):
+    result = gossip("launch", cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / result.stdout.strip().splitlines()[-1].split(": ", 1)[1]
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["train"]["strategy"] == "dpsgd" and len(config["topology"]["peers"]) == 4
+    for rank in range(4):
+        records = read_jsonl(run_dir / f"peer-{rank}.jsonl")
+        assert [r["round"] for r in records] == list(range(config["train"]["rounds"]))
+        assert REQUIRED_FIELDS <= set(records[-1])
+        assert records[-1]["accuracy"] >= 0.90
+        assert records[-1]["consensus"] < 1e-2
+        assert records[-1]["bytes_sent"] > 0
+    assert "mean test accuracy" in result.stdout
+
+
+def test_launch_ring_allreduce_from_a_topology_file(tmp_path):
+    topo = write_topology(tmp_path / "t.yaml", free_ports(3), [[0, 1], [1, 2]])
+    result = gossip("launch", "--topology", str(topo), "--strategy", "ring-allreduce",
+                    "--rounds", "30", "--run-dir", "run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    last = [read_jsonl(tmp_path / "run" / f"peer-{r}.jsonl")[-1] for r in range(3)]
+    # Gradient averaging keeps every model identical.
+    assert last[0]["consensus"] == pytest.approx(0.0, abs=1e-10)
+    assert len({r["accuracy"] for r in last}) == 1
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["launch", "--strategy", "nope"], "unknown strategy 'nope'; available: dpsgd, ring-allreduce"),
+    (["launch", "--option", "bogus=1"], "has no option 'bogus'"),
+    (["launch", "--rounds", "0"], "rounds"),
+    (["topology", "show", "missing.yaml"], "missing.yaml: no such file"),
+])
+def test_bad_input_is_one_line_and_exit_1(tmp_path, args, culprit):
+    result = gossip(*args, cwd=tmp_path)
+    assert result.returncode == 1
+    assert culprit in error_line(result)
+
+
+def test_malformed_topology_yaml(tmp_path):
+    (tmp_path / "bad.yaml").write_text("peers: [\n  - {rank: 0\n")
+    for args in (["topology", "show", "bad.yaml"], ["launch", "--topology", "bad.yaml"],
+                 ["peer", "--rank", "0", "--topology", "bad.yaml"]):
+        result = gossip(*args, cwd=tmp_path)
+        assert result.returncode == 1
+        assert error_line(result).startswith("error: bad.yaml: invalid YAML at line")
+
+
+def test_port_in_use(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        topo = write_topology(tmp_path / "t.yaml", [port, *free_ports(1)], [[0, 1]])
+        result = gossip("peer", "--rank", "0", "--topology", str(topo), cwd=tmp_path)
+        assert result.returncode == 1
+        assert f"cannot listen on tcp://127.0.0.1:{port}" in error_line(result)
+        # launch names the peer that failed and stops the other one.
+        result = gossip("launch", "--topology", str(topo), "--timeout", "20", cwd=tmp_path)
+        assert result.returncode == 1
+        assert "peer 0 failed" in error_line(result)
+
+
+def test_unreachable_peer_times_out_naming_it(tmp_path):
+    ports = free_ports(2)
+    topo = write_topology(tmp_path / "t.yaml", ports, [[0, 1]])
+    result = gossip("peer", "--topology", str(topo), "--timeout", "2", "--quiet", cwd=tmp_path,
+                    env={"RANK": "0"})
+    assert result.returncode == 1
+    line = error_line(result)
+    assert f"peer 1 (tcp://127.0.0.1:{ports[1]})" in line and "round 0" in line
+
+
+def test_rank_from_environment_must_be_an_integer(tmp_path):
+    topo = write_topology(tmp_path / "t.yaml", free_ports(2), [[0, 1]])
+    result = gossip("peer", "--topology", str(topo), cwd=tmp_path,
+                    env={"RANK": "", "SLURM_PROCID": "x"})
+    assert result.returncode == 1
+    assert "$SLURM_PROCID='x' is not a rank" in error_line(result)
