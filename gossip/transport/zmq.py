@@ -23,6 +23,9 @@ log = logging.getLogger("gossip.transport")
 # Queue depth per socket. Messages are large tensors, so this bounds memory, not the count
 # of messages a strategy may have in flight: ring pieces are sized so this is never reached.
 HWM = 10_000
+# Kernel socket buffers: the 208 KiB default splits every large frame into many writes, each
+# waking the receiver's I/O thread. 0 keeps the OS default. Capped by net.core.[rw]mem_max.
+SOCKET_BUFFER_BYTES = 4 << 20
 
 
 class ZmqTransport(Transport):
@@ -54,6 +57,7 @@ class ZmqTransport(Transport):
         self._pull.setsockopt(zmq.LINGER, 0)
         self._pull.setsockopt(zmq.RCVHWM, HWM)
         self._pull.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        self._pull.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES or -1)
         self._poller.register(self._pull, zmq.POLLIN)
         endpoint = self.endpoints[self.rank]
         try:
@@ -81,6 +85,7 @@ class ZmqTransport(Transport):
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, HWM)
+            sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES or -1)
             sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
             endpoint = self.endpoints[dst]
             sock.connect((self.use_ipc and local_ipc(endpoint)) or endpoint)
