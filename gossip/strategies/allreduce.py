@@ -4,8 +4,9 @@ The tensor is cut into P segments (sizes differ by at most one element; some may
 and each segment into pieces of at most ``piece_bytes``. A piece is forwarded as soon as it
 is reduced, so huge tensors stream around the ring instead of moving segment by segment
 (on few cores, fewer and larger messages are faster: the default only splits beyond 64 MiB).
-``out`` may alias the input: every value sent is read before this peer overwrites it, or
-its receiver has provably consumed it (the ring carries it back to us only after that).
+``out`` may alias the input: a reduce-scatter value is overwritten only after the ring has
+carried its successor back to us (so its receiver has read it), and all-gather sends are
+tracked and awaited before returning.
 Ranks form the ring 0 -> 1 -> ... -> P-1 -> 0 whatever the topology's edges are.
 """
 
@@ -55,6 +56,9 @@ class RingAllReduce(Strategy):
         rs, ag = self.kinds
         p, r = self.size, self.rank
 
+        # All-gather sends are tracked: nothing that comes back proves the right neighbour has
+        # read them, and the caller may overwrite ``out`` as soon as we return.
+        gathered = []
         # Reduce-scatter: after step s this peer holds the partial sum of segment r-s-1 over
         # s+2 peers; the last step completes segment r+1, which this peer then owns.
         self._send_all(rs, round, 0, flat, pieces[r])
@@ -67,14 +71,17 @@ class RingAllReduce(Strategy):
                     self._send(rs, round, step + 1, j, flat.numel(), out[lo:hi])
                 else:
                     out[lo:hi].div_(p)
-                    self._send(ag, round, 0, j, flat.numel(), out[lo:hi])
+                    gathered.append(self._send(ag, round, 0, j, flat.numel(), out[lo:hi]))
         # All-gather: the owned mean segments travel once around the ring.
         for step in range(p - 1):
             seg = (r - step) % p
             for j, (lo, hi) in enumerate(pieces[seg]):
                 out[lo:hi].copy_(self._recv(ag, round, step, j, flat.numel(), hi - lo))
                 if step < p - 2:
-                    self._send(ag, round, step + 1, j, flat.numel(), out[lo:hi])
+                    gathered.append(self._send(ag, round, step + 1, j, flat.numel(),
+                                               out[lo:hi]))
+        for delivery in gathered:
+            delivery.wait()
         return out.view_as(x)
 
     def _pieces(self, numel: int, itemsize: int) -> list[list[tuple[int, int]]]:
@@ -89,10 +96,10 @@ class RingAllReduce(Strategy):
         for j, (lo, hi) in enumerate(pieces):
             self._send(kind, round, step, j, flat.numel(), flat[lo:hi])
 
-    def _send(self, kind, round, step, piece, numel, tensor) -> None:
+    def _send(self, kind, round, step, piece, numel, tensor):
         meta = {"n": numel, "s": step, "j": piece}
-        self.transport.send(self.right, Message(kind=kind, round=round, meta=meta,
-                                                buffers=(tensor,)))
+        return self.transport.send(self.right, Message(kind=kind, round=round, meta=meta,
+                                                       buffers=(tensor,)), track=kind.endswith(".ag"))
 
     def _recv(self, kind, round, step, piece, numel, length) -> torch.Tensor:
         msg = self.transport.recv(src=self.left, kind=kind, round=round)

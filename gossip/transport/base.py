@@ -201,6 +201,9 @@ class Transport(ABC):
         except ProtocolError as exc:
             self.reject(f"{exc} ({size} bytes)")
             return None, size
+        except Exception as exc:  # a check we missed must not let hostile bytes crash a peer
+            self.reject(f"undecodable message: {type(exc).__name__}: {exc} ({size} bytes)")
+            return None, size
         self.stats.messages_recv += 1
         self.contacts.add(msg.src)
         if msg.kind == BYE:

@@ -138,7 +138,8 @@ def _is_int(value: Any) -> bool:
 def _tensor_spec(i: int, spec: Any) -> tuple[torch.dtype, list[int]]:
     if not isinstance(spec, dict):
         raise ProtocolError(f"tensor {i}: spec is not a map")
-    dtype = DTYPES.get(spec.get("dtype"))
+    name = spec.get("dtype")
+    dtype = DTYPES.get(name) if isinstance(name, str) else None
     if dtype is None:
         raise ProtocolError(f"tensor {i}: dtype {spec.get('dtype')!r} not allowed")
     shape = spec.get("shape")

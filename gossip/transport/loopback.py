@@ -26,12 +26,13 @@ class LoopbackTransport(Transport):
         self.hub = hub
         self.closed = False
 
-    def _send_frames(self, dst: int, header: bytes, frames: list) -> None:
+    def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False) -> list:
         if self.closed:
             raise TransportError(f"rank {self.rank}: transport is closed")
         if not 0 <= dst < len(self.hub.queues):
             raise TransportError(f"rank {self.rank}: no peer {dst}")
-        # bytearray: a private, writable copy, as a socket would deliver.
+        # bytearray: a private, writable copy, as a socket would deliver; being a copy, the
+        # sender's tensors are free at once, so there is nothing to track.
         self.hub.queues[dst].put([header] + [bytearray(f.numpy()) for f in frames])
         return []
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import tempfile
 from typing import Sequence
 from urllib.parse import urlsplit
@@ -48,6 +49,7 @@ class ZmqTransport(Transport):
         self._ctx: zmq.Context | None = None
         self._pull: zmq.Socket | None = None
         self._push: dict[int, zmq.Socket] = {}
+        self._ipc_path: str | None = None
         self._poller = zmq.Poller()
 
     def open(self) -> "ZmqTransport":
@@ -65,6 +67,7 @@ class ZmqTransport(Transport):
             # The TCP bind above is the lock on this port, so the ipc path is ours to take.
             if local_ipc(endpoint):  # bound even if we do not use it: others may
                 self._pull.bind(local_ipc(endpoint))
+                self._ipc_path = local_ipc(endpoint).removeprefix("ipc://")
         except zmq.ZMQError as exc:
             self.close()
             raise TransportError(f"rank {self.rank} cannot listen on {endpoint}: {exc}") from None
@@ -123,6 +126,14 @@ class ZmqTransport(Transport):
         return self._pull.recv_multipart(copy=False)
 
     def close(self, linger: float = 0.0) -> None:
+        # libzmq leaves the ipc socket file behind. Remove it while our TCP bind still guards
+        # the path: a successor on the same port may bind it as soon as the port is free.
+        if self._ipc_path is not None:
+            try:
+                os.unlink(self._ipc_path)
+            except FileNotFoundError:
+                pass
+            self._ipc_path = None
         for sock in self._push.values():
             sock.close(linger=int(linger * 1000))
         self._push.clear()

@@ -1,0 +1,384 @@
+"""Transports: matching, out-of-order buffering, rejection of bad messages, timeouts, counters.
+
+Each test runs on ZeroMQ (real sockets on 127.0.0.1) and, where it applies, on the
+in-process LoopbackTransport. Raw frames are injected past the sender's transport with a
+bare zmq PUSH socket, or straight into the loopback queue.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+from gossip.errors import PeerTimeout, TransportError
+from gossip.netutil import free_ports
+from gossip.transport import LoopbackHub, Message, ZmqTransport, codec
+from gossip.transport.zmq import local_ipc
+
+# Tests that send through Transport.send also run with TCP between the ZeroMQ peers;
+# receive-only tests inject raw frames, which go over TCP anyway.
+SENDING_KINDS = ["zmq", "zmq-tcp", "loopback"]
+KINDS = ["zmq", "loopback"]
+
+
+class Network:
+    """``size`` transports of one kind that can reach each other; closed by the fixture.
+
+    Kinds: "zmq" (peers on 127.0.0.1 talk over their ipc twin sockets), "zmq-tcp" (TCP
+    only) and "loopback".
+    """
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.transports: list = []
+        self._ctx = zmq.Context()
+        self._raw: dict[int, zmq.Socket] = {}
+
+    def open(self, size: int, timeout: float = 5.0, **kwargs) -> list:
+        if self.kind.startswith("zmq"):
+            self.endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(size)]
+            kwargs.setdefault("local_ipc", self.kind == "zmq")
+            self.transports = [ZmqTransport(rank, self.endpoints, timeout=timeout, **kwargs)
+                               .open() for rank in range(size)]
+        else:
+            self.hub = LoopbackHub(size)
+            self.transports = [self.hub.transport(rank, timeout=timeout, **kwargs)
+                               for rank in range(size)]
+        return self.transports
+
+    def inject(self, dst: int, frames: list) -> None:
+        """Deliver raw frames to ``dst`` as if a (hostile or broken) peer had sent them."""
+        if self.kind == "loopback":
+            self.hub.queues[dst].put([bytearray(f) for f in frames])
+            return
+        if dst not in self._raw:
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(self.endpoints[dst])
+            self._raw[dst] = sock
+        self._raw[dst].send_multipart(frames)
+
+    def close(self) -> None:
+        for transport in self.transports:
+            transport.close()
+        self._ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def network(request):
+    net = Network(request.param)
+    yield net
+    net.close()
+
+
+def raw(msg: Message, src: int) -> list[bytes]:
+    """The frames ``msg`` from ``src`` becomes on the wire."""
+    header, frames = codec.encode(msg, src)
+    return [header] + [f.numpy().tobytes() for f in frames]
+
+
+def header(**fields) -> bytes:
+    """A valid header for one float32 tensor of 2 elements, with ``fields`` overridden."""
+    base = {"v": 1, "kind": "gossip", "round": 0, "src": 1, "meta": {},
+            "tensors": [{"dtype": "float32", "shape": [2]}]}
+    return msgpack.packb({**base, **fields})
+
+
+def tensor_msg(kind: str = "gossip", round: int = 0, value: float = 0.0, n: int = 3) -> Message:
+    return Message(kind, round, meta={"value": value}, buffers=(torch.full((n,), value),))
+
+
+# -- matching and buffering ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_later_round_arriving_first_waits_in_the_buffer(network):
+    t0, t1 = network.open(2)
+    t1.send(0, tensor_msg(round=2, value=2.0))
+    t1.send(0, tensor_msg(round=1, value=1.0))
+    first = t0.recv(src=1, kind="gossip", round=1)
+    assert (first.round, first.src, first.meta["value"]) == (1, 1, 1.0)
+    assert torch.equal(first.buffers[0], torch.full((3,), 1.0))
+    second = t0.recv(src=1, kind="gossip", round=2, timeout=0.1)  # already buffered
+    assert torch.equal(second.buffers[0], torch.full((3,), 2.0))
+    with pytest.raises(PeerTimeout):
+        t0.recv(timeout=0.1)
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_recv_matches_source_and_kind(network):
+    t0, t1, t2 = network.open(3, kinds=["a", "b"])
+    t1.send(0, tensor_msg("a", value=1.0))
+    t2.send(0, tensor_msg("a", value=2.0))
+    t2.send(0, tensor_msg("b", value=3.0))
+    assert t0.recv(src=2, kind="b").meta["value"] == 3.0
+    assert t0.recv(src=1).meta["value"] == 1.0
+    last = t0.recv(kind="a")
+    assert (last.src, last.meta["value"]) == (2, 2.0)
+    assert t0.stats.messages_recv == 3 and t0.stats.messages_rejected == 0
+
+
+TENSORS = {
+    "strided": torch.arange(10.0)[::2],
+    "transposed": torch.arange(12, dtype=torch.float64).reshape(3, 4).t(),
+    "scalar": torch.tensor(7, dtype=torch.int32),
+    "empty": torch.empty(0, 5),
+    "bool": torch.tensor([True, False, True]),
+    "bfloat16": torch.linspace(-1, 1, 7, dtype=torch.bfloat16),
+    "zero-copy": torch.randn(codec.ZERO_COPY_MIN_BYTES // 4 + 3),
+}
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_tensors_round_trip_with_shape_dtype_and_values(network):
+    t0, t1 = network.open(2)
+    names = list(TENSORS)
+    t1.send(0, Message("gossip", 5, meta={"names": names, "x": [1, 2.5]},
+                       buffers=tuple(TENSORS.values())))
+    msg = t0.recv(src=1)
+    assert (msg.kind, msg.round, msg.src, msg.meta) == (
+        "gossip", 5, 1, {"names": names, "x": [1, 2.5]})
+    for name, got in zip(names, msg.buffers, strict=True):
+        sent = TENSORS[name]
+        assert got.dtype == sent.dtype and got.shape == sent.shape, name
+        assert torch.equal(got, sent), name
+
+
+@pytest.mark.parametrize("n", [0, 5, codec.ZERO_COPY_MIN_BYTES])
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_counters_are_exact(network, n):
+    t0, t1 = network.open(2)
+    msg = Message("gossip", 3, meta={"n": n}, buffers=(torch.ones(n, dtype=torch.float64),))
+    size = len(codec.encode(msg, 1)[0]) + 8 * n
+    t1.send(0, msg)
+    t1.send(0, msg)
+    t0.recv(round=3)
+    t0.recv(round=3)
+    assert (t1.stats.bytes_sent, t1.stats.messages_sent) == (2 * size, 2)
+    assert (t0.stats.bytes_recv, t0.stats.messages_recv) == (2 * size, 2)
+    assert t0.stats.snapshot()["wait_s"] >= 0.0
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_tracked_send_may_be_overwritten_after_wait(network):
+    t0, t1 = network.open(2)
+    x = torch.arange(codec.ZERO_COPY_MIN_BYTES, dtype=torch.float32)  # sent zero-copy
+    t1.send(0, Message("gossip", 0, buffers=(x,)), track=True).wait(5.0)
+    x.fill_(-1.0)
+    assert torch.equal(t0.recv().buffers[0], torch.arange(codec.ZERO_COPY_MIN_BYTES,
+                                                          dtype=torch.float32))
+
+
+# -- rejection ------------------------------------------------------------------------------
+
+MALFORMED = {
+    "not msgpack": ([b"\xc1\x00garbage"], "not valid msgpack"),
+    "wrong version": ([header(v=2), b"\0" * 8], "version 2"),
+    "bad dtype": ([header(tensors=[{"dtype": "complex64", "shape": [2]}]), b"\0" * 16],
+                  "dtype 'complex64' not allowed"),
+    "frame count": ([header()], "1 tensors but 0 frames"),
+    "short frame": ([header(), b"\0" * 7], "needs 8 bytes, frame has 7"),
+    "kind not accepted": ([header(kind="other"), b"\0" * 8], "unexpected message kind 'other'"),
+    # Regression: an unhashable dtype used to raise TypeError out of recv().
+    "list as dtype": ([header(tensors=[{"dtype": ["float32"], "shape": [2]}]), b"\0" * 8],
+                      "dtype ['float32'] not allowed"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+@pytest.mark.parametrize("network", KINDS, indirect=True)
+def test_malformed_message_is_rejected_and_the_next_one_received(network, case):
+    frames, reason = MALFORMED[case]
+    t0, _ = network.open(2, kinds=["gossip"])
+    network.inject(0, frames)
+    network.inject(0, raw(tensor_msg(value=4.0), src=1))
+    msg = t0.recv(src=1, kind="gossip", round=0)
+    assert msg.meta["value"] == 4.0
+    assert t0.stats.messages_rejected == 1 and t0.stats.messages_recv == 1
+    assert reason in t0.stats.rejections[0]
+    assert t0.stats.bytes_recv == sum(map(len, frames)) + sum(map(len, raw(tensor_msg(), 1)))
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_message_over_the_size_limit_is_rejected(network):
+    t0, t1 = network.open(2, max_message_bytes=1000)
+    t1.send(0, Message("gossip", 0, buffers=(torch.zeros(150), torch.zeros(150))))
+    t1.send(0, tensor_msg(round=1))
+    assert t0.recv().round == 1
+    assert t0.stats.messages_rejected == 1
+    assert "size limit of 1000 bytes" in t0.stats.rejections[0]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "gossip/transport/zmq.py:59 sets zmq.MAXMSGSIZE = max_message_bytes on the PULL socket: a "
+    "message with one frame over the limit is dropped by libzmq, which resets the connection "
+    "(messages queued behind it may be lost too), so it never reaches codec.decode and is "
+    "neither counted in messages_rejected nor named in rejections"))
+@pytest.mark.parametrize("local_ipc", [True, False], ids=["ipc", "tcp"])
+def test_single_frame_over_the_size_limit_is_counted_as_rejected(local_ipc):
+    net = Network("zmq")
+    try:
+        t0, t1 = net.open(2, max_message_bytes=1000, local_ipc=local_ipc)
+        t1.send(0, Message("gossip", 0, buffers=(torch.zeros(300),)))
+        with pytest.raises(PeerTimeout):
+            t0.recv(timeout=0.5)
+        assert t0.stats.messages_rejected == 1, "oversized message vanished without a trace"
+    finally:
+        net.close()
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_unclaimed_messages_beyond_the_buffer_limit_are_rejected(network):
+    t0, t1 = network.open(2, max_pending_bytes=500)
+    t1.send(0, Message("gossip", 9, buffers=(torch.zeros(200),)))  # 800 bytes: no room
+    t1.send(0, tensor_msg(round=1))
+    assert t0.recv(round=1).round == 1
+    assert t0.stats.messages_rejected == 1
+    assert "buffer full" in t0.stats.rejections[0]
+    with pytest.raises(PeerTimeout):
+        t0.recv(round=9, timeout=0.1)
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_accept_kinds_extends_the_accepted_set(network):
+    t0, t1 = network.open(2, kinds=["a"])
+    t1.send(0, tensor_msg("b"))
+    t1.send(0, tensor_msg("a"))
+    assert t0.recv().kind == "a" and t0.stats.messages_rejected == 1
+    t0.accept_kinds(["b"])
+    t1.send(0, tensor_msg("b"))
+    assert t0.recv().kind == "b" and t0.stats.messages_rejected == 1
+
+
+# -- timeouts and shutdown ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("network", KINDS, indirect=True)
+def test_timeout_names_the_peer_and_the_round(network):
+    t0, _ = network.open(2, timeout=0.3)
+    start = time.monotonic()
+    with pytest.raises(PeerTimeout) as info:
+        t0.recv(src=1, kind="gossip", round=3)
+    elapsed = time.monotonic() - start
+    assert 0.3 - 0.01 <= elapsed < 0.3 + 0.5  # poll() counts whole milliseconds
+    text = str(info.value)
+    assert "rank 0" in text and "peer 1" in text and "round 3" in text and "0.3 s" in text
+    with pytest.raises(PeerTimeout, match="any peer for round any within 0.1 s"):
+        t0.recv(timeout=0.1)
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_shutdown_exchanges_goodbyes(network):
+    t0, t1 = network.open(2)
+    t0.send(1, tensor_msg())
+    t1.recv(src=0)
+    missing = [None, None]
+
+    def close(rank: int) -> None:
+        missing[rank] = (t0, t1)[rank].shutdown(timeout=5.0)
+
+    threads = [threading.Thread(target=close, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10.0)
+    assert missing == [set(), set()]
+    assert t0.departed == {1} and t1.departed == {0}
+    assert t0.stats.messages_recv == 1 and t1.stats.messages_recv == 2  # goodbyes count too
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_shutdown_returns_silent_contacts_after_the_timeout(network):
+    t0, t1 = network.open(2)
+    t0.send(1, tensor_msg())
+    t1.close()  # dies without a goodbye
+    start = time.monotonic()
+    assert t0.shutdown(timeout=0.3, flush=0.0) == {1}
+    assert time.monotonic() - start < 0.3 + 0.5
+
+
+# -- ZeroMQ specifics ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("holder", ["zmq", "tcp listener"])
+def test_bind_on_an_address_in_use_names_it(holder):
+    (port,) = free_ports(1)
+    endpoints = [f"tcp://127.0.0.1:{port}"]
+    with socket.socket() as listener:
+        if holder == "tcp listener":
+            listener.bind(("127.0.0.1", port))
+            listener.listen()
+            busy = None
+        else:
+            busy = ZmqTransport(0, endpoints).open()
+        try:
+            with pytest.raises(TransportError, match=f"cannot listen on tcp://127.0.0.1:{port}"):
+                ZmqTransport(0, endpoints).open()
+        finally:
+            if busy is not None:
+                busy.close()
+
+
+def test_close_removes_the_ipc_socket_file():
+    endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    path = Path(local_ipc(endpoint).removeprefix("ipc://"))
+    transport = ZmqTransport(0, [endpoint]).open()
+    assert path.exists()
+    transport.close()
+    try:
+        assert not path.exists(), f"{path} left behind"
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_closing_transport_spares_the_ipc_file_of_its_successor():
+    endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(2)]
+    path = Path(local_ipc(endpoints[0]).removeprefix("ipc://"))
+    old = ZmqTransport(0, endpoints, timeout=5.0).open()
+    old.send(1, tensor_msg())  # rank 1 never starts: this and the goodbye stay queued
+    closing = threading.Thread(target=old.shutdown, kwargs={"timeout": 0.1, "flush": 1.0})
+    closing.start()
+    successor = None
+    try:
+        deadline = time.monotonic() + 0.9
+        while successor is None and time.monotonic() < deadline:
+            try:
+                successor = ZmqTransport(0, endpoints, timeout=2.0).open()
+            except TransportError:
+                time.sleep(0.01)
+        assert successor is not None and closing.is_alive(), "missed the old one's linger"
+        closing.join(5.0)
+        with ZmqTransport(1, endpoints, timeout=2.0) as sender:
+            sender.send(0, tensor_msg(value=5.0))
+            assert path.exists(), "the successor's ipc socket file was removed"
+            assert successor.recv(timeout=2.0).meta["value"] == 5.0
+    finally:
+        closing.join(5.0)
+        if successor is not None:
+            successor.close()
+
+
+def test_address_is_free_again_after_close():
+    endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(1)]
+    for _ in range(2):
+        with ZmqTransport(0, endpoints, timeout=1.0) as transport:
+            assert transport.describe(0) == f"peer 0 ({endpoints[0]})"
+    transport.close()  # a second close is harmless
+
+
+def test_rank_without_endpoint_and_unknown_destination_are_transport_errors():
+    endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(2)]
+    with pytest.raises(TransportError, match="rank 2 has no endpoint"):
+        ZmqTransport(2, endpoints)
+    with pytest.raises(TransportError, match="not open"):
+        ZmqTransport(0, endpoints).send(1, tensor_msg())
+    with ZmqTransport(0, endpoints, timeout=1.0) as transport:
+        with pytest.raises(TransportError, match="no peer 5"):
+            transport.send(5, tensor_msg())
