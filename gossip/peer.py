@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -13,7 +12,6 @@ from gossip.strategies import STRATEGIES, Strategy, create_strategy
 from gossip.strategies.base import check_options
 from gossip.transport import Transport, ZmqTransport
 
-log = logging.getLogger("gossip.peer")
 
 
 class Peer:
