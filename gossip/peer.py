@@ -8,10 +8,9 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from gossip.errors import ConfigError
-from gossip.strategies import STRATEGIES, Strategy, create_strategy
+from gossip.strategies import Strategy, create_strategy
 from gossip.strategies.base import check_options
 from gossip.transport import Transport, ZmqTransport
-
 
 
 class Peer:
@@ -38,8 +37,7 @@ class Peer:
                  transport: Transport | None = None, local_ipc: bool = True, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
-        STRATEGIES.get(strategy)
-        check_options(strategy, options)
+        check_options(strategy, options)  # also rejects an unknown strategy name
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         self.rank = rank

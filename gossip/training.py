@@ -70,10 +70,10 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
             "avg_accuracy": None,
         }
         if rnd % config.eval_every == 0 or rnd == config.rounds - 1:
-            snap = peer.stats
             record["consensus"], record["avg_accuracy"] = _consensus(model, probe, rnd, task)
+            probed = peer.stats
             for key in probe_bytes:
-                probe_bytes[key] += peer.stats[key] - snap[key]
+                probe_bytes[key] += probed[key] - after[key]
         if metrics is not None:
             metrics.write(record)
         if on_round is not None:

@@ -37,7 +37,7 @@ _HOST = "127.0.0.1"
 _CHECK_PREFIX = 1024
 
 
-def _max_over_ranks(per_rank: Sequence[Sequence[float]]) -> list[float]:
+def max_over_ranks(per_rank: Sequence[Sequence[float]]) -> list[float]:
     """Per-repetition maximum over ranks."""
     return [max(rep) for rep in zip(*per_rank)]
 
@@ -82,7 +82,7 @@ def gloo_allreduce_times(
     per_rank = run_ranks(
         _gloo_rank, world, port, numel, reps, warmup, dtype, timeout, timeout=timeout
     )
-    return _max_over_ranks(per_rank)
+    return max_over_ranks(per_rank)
 
 
 def _gloo_rank(
@@ -221,7 +221,7 @@ def zmq_exchange_times(
         _zmq_rank, world, ports, graph, numel, reps, warmup, barrier, timeout,
         timeout=timeout,
     )
-    return _max_over_ranks(per_rank)
+    return max_over_ranks(per_rank)
 
 
 def _check_graph(graph: Sequence[tuple[int, ...]]) -> None:

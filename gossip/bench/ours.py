@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import torch
 
-from gossip.bench.baselines import _max_over_ranks
+from gossip.bench.baselines import max_over_ranks
 from gossip.bench.harness import run_ranks
 from gossip.netutil import free_ports
 
@@ -34,7 +34,7 @@ def strategy_times(strategy: str, world: int, numel: int, *, graph: str = "ring"
     barrier = get_context("spawn").Barrier(world)
     per_rank = run_ranks(_rank, world, strategy, graph, ports, numel, reps, warmup,
                          dict(options or {}), local_ipc, dtype, barrier, timeout, timeout=timeout)
-    return _max_over_ranks(per_rank)
+    return max_over_ranks(per_rank)
 
 
 def _rank(rank: int, world: int, strategy: str, graph: str, ports, numel: int, reps: int,

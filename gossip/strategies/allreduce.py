@@ -68,10 +68,11 @@ class RingAllReduce(Strategy):
                 part = self._recv(rs, round, step, j, flat.numel(), hi - lo)
                 torch.add(flat[lo:hi], part, out=out[lo:hi])
                 if step < p - 2:
-                    self._send(rs, round, step + 1, j, flat.numel(), out[lo:hi])
+                    self._send(rs, round, step + 1, j, flat.numel(), out[lo:hi], track=False)
                 else:
                     out[lo:hi].div_(p)
-                    gathered.append(self._send(ag, round, 0, j, flat.numel(), out[lo:hi]))
+                    gathered.append(self._send(ag, round, 0, j, flat.numel(), out[lo:hi],
+                                               track=True))
         # All-gather: the owned mean segments travel once around the ring.
         for step in range(p - 1):
             seg = (r - step) % p
@@ -79,7 +80,7 @@ class RingAllReduce(Strategy):
                 out[lo:hi].copy_(self._recv(ag, round, step, j, flat.numel(), hi - lo))
                 if step < p - 2:
                     gathered.append(self._send(ag, round, step + 1, j, flat.numel(),
-                                               out[lo:hi]))
+                                               out[lo:hi], track=True))
         for delivery in gathered:
             delivery.wait()
         return out.view_as(x)
@@ -94,12 +95,12 @@ class RingAllReduce(Strategy):
 
     def _send_all(self, kind, round, step, flat, pieces) -> None:
         for j, (lo, hi) in enumerate(pieces):
-            self._send(kind, round, step, j, flat.numel(), flat[lo:hi])
+            self._send(kind, round, step, j, flat.numel(), flat[lo:hi], track=False)
 
-    def _send(self, kind, round, step, piece, numel, tensor):
+    def _send(self, kind, round, step, piece, numel, tensor, *, track: bool):
         meta = {"n": numel, "s": step, "j": piece}
-        return self.transport.send(self.right, Message(kind=kind, round=round, meta=meta,
-                                                       buffers=(tensor,)), track=kind.endswith(".ag"))
+        msg = Message(kind=kind, round=round, meta=meta, buffers=(tensor,))
+        return self.transport.send(self.right, msg, track=track)
 
     def _recv(self, kind, round, step, piece, numel, length) -> torch.Tensor:
         msg = self.transport.recv(src=self.left, kind=kind, round=round)

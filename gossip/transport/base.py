@@ -193,7 +193,7 @@ class Transport(ABC):
 
     # -- internals ------------------------------------------------------------------------
     def _accept(self, frames: list) -> tuple[Message | None, int]:
-        size = sum(len(_view(f)) for f in frames)
+        size = sum(len(codec.frame_buffer(f)) for f in frames)
         self.stats.bytes_recv += size
         try:
             msg = codec.decode(frames, kinds=self.kinds and self.kinds | {BYE},
@@ -235,7 +235,3 @@ class Transport(ABC):
 def _matches(msg: Message, src: int | None, kind: str | None, round: int | None) -> bool:
     return ((src is None or msg.src == src) and (kind is None or msg.kind == kind)
             and (round is None or msg.round == round))
-
-
-def _view(frame: Any) -> memoryview:
-    return memoryview(frame.buffer if hasattr(frame, "buffer") else frame)

@@ -87,7 +87,7 @@ def decode(
     """
     if not frames:
         raise ProtocolError("empty message")
-    header_buf = _buffer(frames[0])
+    header_buf = frame_buffer(frames[0])
     if len(header_buf) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {len(header_buf)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
@@ -117,7 +117,7 @@ def decode(
     buffers = []
     for i, (spec, frame) in enumerate(zip(specs, frames[1:])):
         dtype, shape = _tensor_spec(i, spec)
-        buf = _buffer(frame)
+        buf = frame_buffer(frame)
         total += len(buf)
         if total > max_message_bytes:
             raise ProtocolError(f"message exceeds the size limit of {max_message_bytes} bytes")
@@ -149,7 +149,8 @@ def _tensor_spec(i: int, spec: Any) -> tuple[torch.dtype, list[int]]:
     return dtype, shape
 
 
-def _buffer(frame: Any) -> memoryview:
+def frame_buffer(frame: Any) -> memoryview:
+    """The bytes of a received frame (zmq.Frame, bytes or bytearray) without a copy."""
     buf = frame.buffer if hasattr(frame, "buffer") else frame
     return memoryview(buf).cast("B")
 

@@ -7,7 +7,6 @@ order. Per-pair ordering is FIFO, which the strategies rely on for multi-part ex
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import tempfile
 from typing import Sequence
@@ -18,8 +17,6 @@ import zmq
 from gossip.errors import PeerTimeout, TransportError
 from gossip.transport import codec
 from gossip.transport.base import Transport
-
-log = logging.getLogger("gossip.transport")
 
 # Queue depth per socket. Messages are large tensors, so this bounds memory, not the count
 # of messages a strategy may have in flight: ring pieces are sized so this is never reached.
@@ -62,12 +59,13 @@ class ZmqTransport(Transport):
         self._pull.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES or -1)
         self._poller.register(self._pull, zmq.POLLIN)
         endpoint = self.endpoints[self.rank]
+        twin = local_ipc(endpoint)
         try:
             self._pull.bind(_bind_address(endpoint))
             # The TCP bind above is the lock on this port, so the ipc path is ours to take.
-            if local_ipc(endpoint):  # bound even if we do not use it: others may
-                self._pull.bind(local_ipc(endpoint))
-                self._ipc_path = local_ipc(endpoint).removeprefix("ipc://")
+            if twin:  # bound even if we do not use it: others may
+                self._pull.bind(twin)
+                self._ipc_path = twin.removeprefix("ipc://")
         except zmq.ZMQError as exc:
             self.close()
             raise TransportError(f"rank {self.rank} cannot listen on {endpoint}: {exc}") from None
