@@ -17,6 +17,7 @@ import zmq
 from gossip.errors import PeerTimeout, TransportError
 from gossip.transport import codec
 from gossip.transport.base import Transport
+from gossip.transport.memory import keep_freed_buffers
 
 # Queue depth per socket. Messages are large tensors, so this bounds memory, not the count
 # of messages a strategy may have in flight: ring pieces are sized so this is never reached.
@@ -51,6 +52,7 @@ class ZmqTransport(Transport):
 
     def open(self) -> "ZmqTransport":
         """Bind this rank's endpoint. Raises TransportError naming the address if it cannot."""
+        keep_freed_buffers()  # before the I/O thread starts, so it shares the tuned arena
         self._ctx = zmq.Context(io_threads=1)
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)

@@ -7,6 +7,7 @@ bare zmq PUSH socket, or straight into the loopback queue.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -382,3 +383,18 @@ def test_rank_without_endpoint_and_unknown_destination_are_transport_errors():
     with ZmqTransport(0, endpoints, timeout=1.0) as transport:
         with pytest.raises(TransportError, match="no peer 5"):
             transport.send(5, tensor_msg())
+
+
+@pytest.mark.parametrize("setting, tuned", [("1", True), ("0", False)])
+def test_malloc_tuning_applies_once_per_process_and_can_be_switched_off(setting, tuned):
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt tuning exists only on glibc")
+    code = ("from gossip.transport.memory import keep_freed_buffers as k; "
+            "print(k(), k())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "GOSSIP_MALLOC_TUNING": setting})
+    assert out.stdout.split() == [str(tuned)] * 2, out.stderr
