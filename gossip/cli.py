@@ -127,13 +127,21 @@ def _resolve_rank(rank: int | None) -> int:
               help="Graph when no --topology is given (ring, torus, complete, ...).")
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Run directory (default: runs/DATE-TIME-STRATEGY).")
+@click.option("--netns", is_flag=True,
+              help="Run every peer in its own network namespace with its own IP, links capped "
+                   "at --rate (needs root and iproute2).")
+@click.option("--rate", help="With --netns: cap of every link, each way, e.g. 100mbit, 1gbit, "
+                             "500kbit.  [default: 1gbit]")
 @_train_options
 @_fail_cleanly
-def launch(topology_path, peers, graph, run_dir, config_path, strategy_options, **flags):
+def launch(topology_path, peers, graph, run_dir, netns, rate, config_path, strategy_options,
+           **flags):
     """Start every local peer, show progress, print a per-peer summary.
 
     With no arguments: the demo, 4 peers on a ring training the digits MLP with dpsgd.
     """
+    import contextlib
+
     from tqdm import tqdm
 
     from gossip import launch as launcher
@@ -145,23 +153,38 @@ def launch(topology_path, peers, graph, run_dir, config_path, strategy_options, 
         topology = Topology.from_yaml(topology_path)
     else:
         topology = Topology.generate(graph, peers).relocated(ports=free_ports(peers))
-    ranks = launcher.local_ranks(topology)
-    run_dir = Path(run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.strategy}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    topology.to_yaml(run_dir / "topology.yaml")
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(
-        {"train": config.to_dict(), "topology": topology.to_dict(), "ranks": ranks},
-        sort_keys=False))
-    click.echo(f"{len(ranks)} peers, {topology.name or 'topology'}, strategy {config.strategy}, "
-               f"{config.rounds} rounds -> {run_dir}")
-    procs = launcher.start_peers(ranks, run_dir, ["--topology", str(run_dir / "topology.yaml"),
-                                                  "--config", str(run_dir / "config.yaml")])
-    with tqdm(total=config.rounds * len(ranks), unit="round", desc=config.strategy) as bar:
-        try:
-            launcher.watch(procs, on_progress=lambda done: bar.update(done - bar.n))
-        except launcher.LaunchFailed as exc:
-            bar.close()
-            raise GossipError(f"{exc}; logs in {run_dir}") from None
+    cluster = None
+    if netns:
+        from gossip.cluster import VirtualCluster
+
+        cluster = VirtualCluster(topology.size, rate=rate or "1gbit")
+    elif rate is not None:
+        raise ConfigError("--rate: only with --netns (local peers share an uncapped loopback)")
+    # The namespaces live until every peer has stopped, however the run ends.
+    with cluster or contextlib.nullcontext():
+        if cluster:
+            click.echo(cluster.describe())
+            topology = cluster.relocate(topology)
+        ranks = list(range(topology.size)) if cluster else launcher.local_ranks(topology)
+        run_dir = Path(run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.strategy}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        topology.to_yaml(run_dir / "topology.yaml")
+        netns_info = {"netns": {"rate": str(cluster.rate)}} if cluster else {}
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(
+            {"train": config.to_dict(), "topology": topology.to_dict(), "ranks": ranks,
+             **netns_info}, sort_keys=False))
+        click.echo(f"{len(ranks)} peers, {topology.name or 'topology'}, strategy "
+                   f"{config.strategy}, {config.rounds} rounds -> {run_dir}")
+        procs = launcher.start_peers(ranks, run_dir,
+                                     ["--topology", str(run_dir / "topology.yaml"),
+                                      "--config", str(run_dir / "config.yaml")],
+                                     wrap=cluster.command if cluster else None)
+        with tqdm(total=config.rounds * len(ranks), unit="round", desc=config.strategy) as bar:
+            try:
+                launcher.watch(procs, on_progress=lambda done: bar.update(done - bar.n))
+            except launcher.LaunchFailed as exc:
+                bar.close()
+                raise GossipError(f"{exc}; logs in {run_dir}") from None
     click.echo(_summary(run_dir, ranks))
     click.echo(f"run directory: {run_dir}")
 
@@ -252,3 +275,4 @@ def bench_gossip(peers, size, reps, trials):
     numel = _size(size)
     click.echo(f"gossip round of {numel} float32 over {peers} local peers on a ring")
     compare.gossip_round(peers, numel, reps=reps, trials=trials, echo=click.echo)
+

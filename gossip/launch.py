@@ -58,8 +58,12 @@ def local_ranks(topology) -> list[int]:
     return ranks
 
 
-def start_peers(ranks: list[int], run_dir: Path, extra_args: list[str]) -> list[PeerProcess]:
-    """One `python -m gossip peer` per rank, output to run_dir/peer-R.log."""
+def start_peers(ranks: list[int], run_dir: Path, extra_args: list[str], *,
+                wrap: Callable[[int, list[str]], list[str]] | None = None) -> list[PeerProcess]:
+    """One `python -m gossip peer` per rank, output to run_dir/peer-R.log.
+
+    ``wrap(rank, argv)`` may prefix each command, e.g. to run it in a network namespace.
+    """
     procs = []
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONUNBUFFERED="1")
@@ -68,6 +72,8 @@ def start_peers(ranks: list[int], run_dir: Path, extra_args: list[str]) -> list[
         with open(log_path, "wb") as log:
             cmd = [sys.executable, "-m", "gossip", "peer", "--rank", str(rank),
                    "--run-dir", str(run_dir), "--quiet", *extra_args]
+            if wrap is not None:
+                cmd = wrap(rank, cmd)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
         procs.append(PeerProcess(rank, proc, log_path, run_dir / f"peer-{rank}.jsonl"))
