@@ -276,3 +276,21 @@ def bench_gossip(peers, size, reps, trials):
     click.echo(f"gossip round of {numel} float32 over {peers} local peers on a ring")
     compare.gossip_round(peers, numel, reps=reps, trials=trials, echo=click.echo)
 
+
+@bench.command("compress")
+@click.option("--size", default="25M", show_default=True, help="float32 elements, e.g. 1M, 25M.")
+@click.option("--density", type=float, default=0.01, show_default=True,
+              help="Fraction kept by the sparsifiers.")
+@click.option("--reps", type=int, default=5, show_default=True,
+              help="Timed repetitions (median taken).")
+@click.option("--threads", type=int, help="torch intra-op threads (default: torch's).")
+@_fail_cleanly
+def bench_compress(size, density, reps, threads):
+    """Every compressor's time and wire bytes on one tensor, top-k vs torch.topk."""
+    import torch
+
+    from gossip.bench import compress
+
+    if threads:
+        torch.set_num_threads(threads)
+    compress.run(_size(size), density, reps=reps, echo=click.echo)

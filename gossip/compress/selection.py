@@ -1,0 +1,133 @@
+"""Index selection: the exact top-k by magnitude (fast path by sampling) and |x| >= t scans.
+
+The sampled top-k is exact by construction: a threshold taken from a random sample keeps a
+candidate set a little larger than k, every element outside it is smaller than every element
+inside, and the exact top-k of the candidates is the top-k of all (ties aside). If the sample
+was unlucky and fewer than k candidates pass, the full ``torch.topk`` runs instead.
+
+Why numpy for the scan: the compare + nonzero over the whole tensor dominates, and numpy does
+it single-threaded in cache-sized chunks about 5x faster than torch's ``abs``/``ge``/``nonzero``
+chain on our small shared CPUs (no 100 MB temporaries, no thread-pool wake-ups).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+#: Elements drawn (with replacement) to estimate the threshold.
+SAMPLE_SIZE = 1 << 17
+#: Standard deviations of the sampled fraction the threshold is lowered by; at 4 the
+#: candidate set is too small (full fallback) about once in 30,000 calls.
+MARGIN_SIGMAS = 4.0
+#: Elements per chunk of the numpy scan: 1 MiB of float32 stays in cache.
+_CHUNK = 1 << 18
+_NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+def topk_indices(x: torch.Tensor, k: int, *, method: str = "sampled",
+                 generator: torch.Generator | None = None,
+                 sample_size: int = SAMPLE_SIZE) -> torch.Tensor:
+    """Sorted int64 indices of exactly ``k`` entries of largest ``|x|`` (1-D ``x``).
+
+    Args:
+        x: A contiguous 1-D float tensor.
+        k: How many to select; clamped to [0, numel].
+        method: ``"exact"`` (torch.topk over everything) or ``"sampled"`` (candidates above a
+            sampled threshold, then the exact top-k of those; same result).
+        generator: Source of the sample positions (a fresh unseeded one if None).
+        sample_size: Sample drawn by the sampled method; inputs smaller than 4x this, or
+            with k above a quarter of them, use the exact method (it is as fast there).
+    """
+    return topk_select(x, k, method=method, generator=generator, sample_size=sample_size)[0]
+
+
+def topk_select(x: torch.Tensor, k: int, *, method: str = "sampled",
+                generator: torch.Generator | None = None,
+                sample_size: int = SAMPLE_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk_indices`` and the selected entries ``x[indices]`` (gathered once)."""
+    n = x.numel()
+    k = max(0, min(k, n))
+    if k == n:
+        return torch.arange(n), x.clone()
+    if k == 0 or method == "exact" or n < 4 * sample_size or 4 * k > n:
+        idx = _exact(x, k)
+        return idx, x[idx]
+    if x.device.type != "cpu" or x.dtype not in _NUMPY_DTYPES:
+        return _sampled_torch(x, k, generator, sample_size)
+    a = x.numpy()
+    positions = torch.randint(n, (sample_size,), generator=generator).numpy()
+    threshold = _threshold(np.abs(a[positions]), k / n)
+    candidates = _scan(a, threshold)
+    c = candidates.size
+    if c < k:  # unlucky sample: the threshold was too high
+        idx = _exact(x, k)
+        return idx, x[idx]
+    values = a[candidates]
+    if c > k:
+        # Drop the c - k smallest candidates; the survivors keep their sorted order.
+        keep = np.ones(c, dtype=bool)
+        keep[np.argpartition(np.abs(values), c - k - 1)[:c - k]] = False
+        candidates, values = candidates[keep], values[keep]
+    return torch.from_numpy(candidates), torch.from_numpy(values)
+
+
+def abs_at_least(x: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Sorted int64 indices where ``|x| >= threshold`` (1-D contiguous ``x``)."""
+    if x.device.type != "cpu" or x.dtype not in _NUMPY_DTYPES:
+        return torch.nonzero(x.abs() >= threshold).view(-1).cpu()
+    return torch.from_numpy(_scan(x.numpy(), threshold))
+
+
+def _scan(a: np.ndarray, threshold: float) -> np.ndarray:
+    t = a.dtype.type(threshold)
+    scratch = np.empty(min(a.size, _CHUNK), dtype=a.dtype)
+    mask = np.empty(scratch.size, dtype=bool)
+    found = []
+    for start in range(0, a.size, _CHUNK):
+        part = a[start:start + _CHUNK]
+        m = part.size
+        np.abs(part, out=scratch[:m])
+        np.greater_equal(scratch[:m], t, out=mask[:m])
+        hits = np.flatnonzero(mask[:m])
+        if hits.size:
+            found.append(hits + start if start else hits)
+    if not found:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate(found) if len(found) > 1 else found[0]
+
+
+def _exact(x: torch.Tensor, k: int) -> torch.Tensor:
+    idx = torch.topk(x.abs(), k, sorted=False).indices.cpu()
+    # numpy's sort: torch's parallel sort crawls when the few cores are oversubscribed.
+    return torch.from_numpy(np.sort(idx.numpy()))
+
+
+def _threshold(sample: np.ndarray, p: float) -> float:
+    """A sample value with a few standard deviations more than a fraction p above it."""
+    s = sample.size
+    above = math.ceil(s * p + MARGIN_SIGMAS * math.sqrt(s * p * (1 - p))) + 1
+    kth = s - min(max(above, 1), s)
+    return float(np.partition(sample, kth)[kth])
+
+
+def _sampled_torch(x: torch.Tensor, k: int, generator: torch.Generator | None,
+                   sample_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled method in torch ops, for bfloat16 and non-CPU tensors."""
+    n = x.numel()
+    positions = torch.randint(n, (sample_size,), generator=generator).to(x.device)
+    threshold = _threshold(x[positions].abs().float().cpu().numpy(), k / n)
+    candidates = torch.nonzero(x.abs() >= threshold).view(-1)
+    c = candidates.numel()
+    if c < k:
+        idx = _exact(x, k)
+        return idx, x[idx]
+    values = x[candidates]
+    if c > k:
+        drop = torch.topk(values.abs(), c - k, largest=False, sorted=False).indices
+        keep = torch.ones(c, dtype=torch.bool, device=x.device)
+        keep[drop] = False
+        candidates, values = candidates[keep], values[keep]
+    return candidates.cpu(), values

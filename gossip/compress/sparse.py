@@ -1,0 +1,143 @@
+"""Sparsifiers' common part: k values at k sorted indices, sent as values + index support.
+
+Meta: the common header plus ``k`` (count) and ``v`` (dtype name of the values buffer). How
+the indices travel is up to the subclass: encoded index data (``IndexedSparse``: ``ix`` names
+the scheme, second buffer holds the data) or regenerated from a seed (random-k).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from gossip.compress.base import (
+    FLOAT_DTYPES,
+    Compressor,
+    Header,
+    Payload,
+    check_buffer,
+    check_choice,
+    check_out,
+    flatten,
+    header,
+    meta_int,
+    meta_value,
+    parse_header,
+)
+from gossip.compress.indices import decode_indices, encode_indices
+from gossip.errors import ProtocolError
+
+#: The ``values`` option: dtype the kept values travel in ("same" keeps the input's).
+VALUE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                "same": None}
+_DTYPE_NAMES = {dtype: name for name, dtype in FLOAT_DTYPES.items()}
+
+
+class Sparse(NamedTuple):
+    """A decoded sparse payload."""
+
+    header: Header
+    indices: torch.Tensor  # int64, sorted, distinct
+    values: torch.Tensor   # in the wire dtype
+
+
+def k_for(density: float, numel: int) -> int:
+    """max(1, ceil(density * numel)), capped at numel; 0 for an empty tensor.
+
+    A relative slack of 1e-12 keeps float noise from adding one (0.01 * 300 = 3.0000000000000004).
+    """
+    if numel == 0:
+        return 0
+    return min(numel, max(1, math.ceil(density * numel * (1 - 1e-12))))
+
+
+class SparseCompressor(Compressor):
+    """Base of the sparsifiers: ``select`` picks indices, the rest is shared."""
+
+    sparse = True
+
+    def __init__(self, *, values: str = "fp32"):
+        self.values = check_choice("values", values, tuple(VALUE_DTYPES))
+
+    @abstractmethod
+    def select(self, flat: torch.Tensor, *, key: str,
+               round: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sorted, distinct int64 indices of the entries of ``flat`` to send, and their values."""
+
+    @abstractmethod
+    def pack_support(self, idx: torch.Tensor, numel: int, *, key: str,
+                     round: int) -> tuple[dict[str, Any], tuple[torch.Tensor, ...]]:
+        """Extra meta and buffers from which a receiver recovers ``idx``."""
+
+    @abstractmethod
+    def unpack_support(self, meta: Mapping[str, Any], extra: tuple[torch.Tensor, ...],
+                       k: int, numel: int) -> torch.Tensor:
+        """Recover (and validate) the indices from what ``pack_support`` produced."""
+
+    def value_scale(self, k: int, numel: int) -> float:
+        """Factor applied to the sent values (1; random-k's unbiased mode uses numel / k)."""
+        return 1.0
+
+    def compress(self, x: torch.Tensor, *, key: str = "", round: int = 0) -> Payload:
+        flat = flatten(x)
+        idx, values = self.select(flat, key=key, round=round)
+        scale = self.value_scale(idx.numel(), flat.numel())
+        if scale != 1.0:
+            values = values * scale
+        wire = VALUE_DTYPES[self.values] or flat.dtype
+        meta = header(self.name, x)
+        meta["k"] = idx.numel()
+        meta["v"] = _DTYPE_NAMES[wire]
+        extra_meta, extra = self.pack_support(idx, flat.numel(), key=key, round=round)
+        meta.update(extra_meta)
+        return Payload(meta, (values.to(wire).cpu().contiguous(), *extra))
+
+    def unpack(self, p: Payload) -> Sparse:
+        """Validate ``p`` and return its header, indices and values."""
+        head = parse_header(p, self.name)
+        k = meta_int(p.meta, "k", 0, head.numel)
+        wire = meta_value(p.meta, "v", str)
+        if wire not in FLOAT_DTYPES:
+            raise ProtocolError(f"{self.name} payload: values dtype {wire!r} not one of "
+                                f"{', '.join(FLOAT_DTYPES)}")
+        if not p.buffers:
+            raise ProtocolError(f"{self.name} payload: no values buffer")
+        flat = tuple(b.reshape(-1) for b in p.buffers)
+        values = check_buffer(flat[0], FLOAT_DTYPES[wire], k, f"{self.name} values")
+        idx = self.unpack_support(p.meta, flat[1:], k, head.numel)
+        return Sparse(head, idx, values)
+
+    def decompress(self, p: Payload) -> torch.Tensor:
+        head, idx, values = self.unpack(p)
+        out = torch.zeros(head.numel, dtype=head.dtype)
+        out[idx] = values.to(head.dtype)
+        return out.view(head.shape)
+
+    def add_to(self, p: Payload, out: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        head, idx, values = self.unpack(p)
+        check_out(out, head.numel)
+        if not out.is_contiguous():
+            return super().add_to(p, out, alpha)
+        # index_add_ is a scatter-add: no dense temporary, correct even for repeated indices.
+        out.view(-1).index_add_(0, idx.to(out.device), values.to(out.device, out.dtype),
+                                alpha=alpha)
+        return out
+
+
+class IndexedSparse(SparseCompressor):
+    """Sparsifiers whose indices travel as encoded index data (see ``indices.py``)."""
+
+    def pack_support(self, idx, numel, *, key, round):
+        scheme, data = encode_indices(idx, numel)
+        return {"ix": scheme}, (data,)
+
+    def unpack_support(self, meta, extra, k, numel):
+        scheme = meta_value(meta, "ix", str)
+        if len(extra) != 1:
+            raise ProtocolError(f"{self.name} payload: expected 2 buffers (values, index data), "
+                                f"got {1 + len(extra)}")
+        return decode_indices(scheme, extra[0], k, numel)
