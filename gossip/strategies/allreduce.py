@@ -20,6 +20,18 @@ from gossip.transport import Message
 
 
 @STRATEGIES.register("ring-allreduce")
+def ring_allreduce(*, rank, topology, transport, piece_bytes: int = 64 << 20, tag: str = "ring",
+                   compressor=None) -> Strategy:
+    """The exact ring all-reduce, or its compressed form when given a (dense) compressor."""
+    if compressor is None:
+        return RingAllReduce(rank=rank, topology=topology, transport=transport,
+                             piece_bytes=piece_bytes, tag=tag)
+    from gossip.strategies.allreduce_compressed import CompressedRingAllReduce
+
+    return CompressedRingAllReduce(rank=rank, topology=topology, transport=transport,
+                                   piece_bytes=piece_bytes, tag=tag, compressor=compressor)
+
+
 class RingAllReduce(Strategy):
     """Mean over all peers in 2(P-1) steps, each moving 1/P of the tensor per peer.
 
@@ -104,7 +116,10 @@ class RingAllReduce(Strategy):
 
     def _recv(self, kind, round, step, piece, numel, length) -> torch.Tensor:
         msg = self.transport.recv(src=self.left, kind=kind, round=round)
-        meta = msg.meta
+        self._check_meta(kind, round, msg.meta, numel, step, piece)
+        return self._expect(msg, length)
+
+    def _check_meta(self, kind, round, meta, numel, step, piece) -> None:
         if meta.get("n") != numel or meta.get("s") != step or meta.get("j") != piece:
             raise ProtocolError(
                 f"rank {self.rank}: peer {self.left} sent {kind} round {round} "
@@ -112,4 +127,3 @@ class RingAllReduce(Strategy):
                 f"(n={numel}, step={step}, piece={piece}) — do all peers synchronize tensors "
                 f"of the same length?"
             )
-        return self._expect(msg, length)

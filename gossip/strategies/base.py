@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -12,7 +13,7 @@ from gossip.errors import ConfigError, ProtocolError
 from gossip.registry import Registry
 from gossip.transport import Message, Transport
 
-STRATEGIES: Registry["Strategy"] = Registry("strategy")
+STRATEGIES: Registry[Strategy] = Registry("strategy")
 
 
 class Strategy(ABC):
@@ -73,20 +74,66 @@ class Strategy(ABC):
 
 def create_strategy(name: str, *, rank: int, topology, transport: Transport,
                     options: Mapping[str, Any] | None = None) -> Strategy:
-    """Build a registered strategy; unknown names or options raise ConfigError naming them."""
+    """Build a registered strategy; unknown names or options raise ConfigError naming them.
+
+    Compression options (``compressor``, its own options such as ``density``, and the
+    wrappers' ``error_feedback``, ``momentum``, ``clip_norm``, ``warmup_rounds``) become one
+    Compressor handed to the strategy as ``compressor``.
+    """
     factory = STRATEGIES.get(name)
-    options = dict(options or {})
-    check_options(name, options)
-    return factory(rank=rank, topology=topology, transport=transport, **options)
+    own, compression = split_options(name, options or {})
+    if compression:
+        own["compressor"] = build_compressor(**compression)
+    return factory(rank=rank, topology=topology, transport=transport, **own)
 
 
 def check_options(name: str, options: Mapping[str, Any]) -> None:
-    """Raise ConfigError if ``options`` are not keyword options of strategy ``name``."""
+    """Raise ConfigError if ``options`` do not fit strategy ``name`` (or its compressor)."""
+    _, compression = split_options(name, options)
+    if compression:
+        build_compressor(**compression)  # validates the compressor and its options
+
+
+def split_options(name: str, options: Mapping[str, Any]) -> tuple[dict, dict]:
+    """``options`` split into the strategy's own and the compressor's; ConfigError if an
+    option belongs to neither, or compression is asked of a strategy that takes none."""
     allowed = strategy_options(name)
-    for key in options:
-        if key not in allowed:
+    own = {key: value for key, value in options.items() if key in allowed and key != "compressor"}
+    rest = {key: value for key, value in options.items() if key not in own}
+    compressor = rest.get("compressor")
+    if compressor is None or compressor == "none" and len(rest) == 1:
+        rest.pop("compressor", None)
+        for key in rest:
             raise ConfigError(f"strategy {name!r} has no option {key!r}; options: "
-                              f"{', '.join(allowed) or 'none'}")
+                              f"{', '.join(allowed) or 'none'}"
+                              + ("" if "compressor" not in allowed else
+                                 " (compressor options need a compressor=...)"))
+        return own, {}
+    if "compressor" not in allowed:
+        raise ConfigError(f"strategy {name!r} takes no compressor (it has its own "
+                          f"sparsification: options {', '.join(allowed) or 'none'})")
+    known = compression_options(compressor)
+    for key in rest:
+        if key not in known:
+            raise ConfigError(f"strategy {name!r} with compressor {compressor!r} has no option "
+                              f"{key!r}; options: {', '.join(sorted(set(allowed) | set(known)))}")
+    return own, rest
+
+
+def compression_options(compressor: str) -> list[str]:
+    """Every option that configures ``compressor``: its own and its wrappers'."""
+    from gossip.compress import build, compressor_options
+
+    params = inspect.signature(build).parameters
+    wrappers = [p for p, spec in params.items() if spec.kind == inspect.Parameter.KEYWORD_ONLY]
+    return ["compressor", *wrappers, *compressor_options(compressor)]
+
+
+def build_compressor(**options: Any):
+    from gossip.compress import build
+
+    options = dict(options)
+    return build(options.pop("compressor"), **options)
 
 
 def strategy_options(name: str) -> list[str]:
