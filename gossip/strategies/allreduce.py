@@ -26,10 +26,14 @@ def ring_allreduce(*, rank, topology, transport, piece_bytes: int = 64 << 20, ta
     if compressor is None:
         return RingAllReduce(rank=rank, topology=topology, transport=transport,
                              piece_bytes=piece_bytes, tag=tag)
-    from gossip.strategies.allreduce_compressed import CompressedRingAllReduce
+    from gossip.strategies.allreduce_compressed import (
+        CompressedRingAllReduce,
+        SharedRandomKRingAllReduce,
+    )
 
-    return CompressedRingAllReduce(rank=rank, topology=topology, transport=transport,
-                                   piece_bytes=piece_bytes, tag=tag, compressor=compressor)
+    ring = SharedRandomKRingAllReduce if compressor.name == "randomk" else CompressedRingAllReduce
+    return ring(rank=rank, topology=topology, transport=transport, piece_bytes=piece_bytes,
+                tag=tag, compressor=compressor)
 
 
 class RingAllReduce(Strategy):

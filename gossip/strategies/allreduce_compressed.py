@@ -7,8 +7,10 @@ and all peers return identical tensors. With error feedback, each compression po
 piece) keeps its own residual and re-injects it at the same point next round, so nothing a
 quantizer drops is lost for good.
 
-Sparsifiers are refused: the union of k-sparse sets grows with every hop, which is what the
-sparse all-reduce strategies (topk-allgather, gtopk, spardl) are designed around.
+Data-dependent sparsifiers are refused: the union of k-sparse sets grows with every hop,
+which is what the sparse all-reduce strategies (topk-allgather, gtopk, spardl) are designed
+around. Random-k is the exception: its indices come from a seed all peers share, so every
+peer keeps the same k entries and the exact ring averages just those values.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ class CompressedRingAllReduce(RingAllReduce):
                  piece_bytes: int = 64 << 20, tag: str = "ring"):
         if compressor.sparse:
             raise ConfigError(
-                f"ring-allreduce cannot carry the sparsifier {compressor.name!r}: sparse sets "
-                f"grow as they are summed around the ring; use topk-allgather, gtopk or spardl "
-                f"(option density=...) for sparse all-reduce")
+                f"ring-allreduce cannot carry the sparsifier {compressor.name!r}: its sparse sets "
+                f"differ between peers and grow as they are summed around the ring; use "
+                f"topk-allgather, gtopk or spardl (option density=...) for sparse all-reduce")
         super().__init__(rank=rank, topology=topology, transport=transport,
                          piece_bytes=piece_bytes, tag=tag)
         self.compressor = compressor
@@ -103,3 +105,31 @@ class CompressedRingAllReduce(RingAllReduce):
                                 f"{q.get('n') if isinstance(q, dict) else '?'} values, "
                                 f"expected {length}")
         return payload
+
+
+class SharedRandomKRingAllReduce(RingAllReduce):
+    """Mean of the same k random entries on every peer; the others come back as zeros.
+
+    The random-k seed derives from (seed, tag, round), equal on all peers, so the k values
+    are at the same positions everywhere and the exact ring averages them: only 1/density
+    of the dense traffic, no indices on the wire. Error feedback (a wrapper of the
+    compressor) keeps what was not picked for the next rounds.
+    """
+
+    def __init__(self, *, rank, topology, transport, compressor: Compressor,
+                 piece_bytes: int = 64 << 20, tag: str = "ring"):
+        super().__init__(rank=rank, topology=topology, transport=transport,
+                         piece_bytes=piece_bytes, tag=tag)
+        self.compressor = compressor
+
+    def synchronize(self, x: torch.Tensor, round: int, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        flat, dest = x.reshape(-1), self._output(x, out)
+        payload = self.compressor.compress(flat, key=self.tag, round=round)
+        if len(payload.buffers) != 1:
+            raise ConfigError(f"random-k payload with {len(payload.buffers)} buffers: "
+                              f"expected the values alone")
+        mean = super().synchronize(payload.buffers[0], round)  # x was read: dest is free
+        dest.zero_()
+        self.compressor.add_to(Payload(payload.meta, (mean,)), dest)
+        return dest.view_as(x)

@@ -62,10 +62,43 @@ def test_one_peer_returns_its_input_exactly(local_topology, run_rounds, make_dat
     assert torch.equal(run.results, data)
 
 
-@pytest.mark.parametrize("compressor", ["topk", "randomk", "threshold"])
+@pytest.mark.parametrize("compressor", ["topk", "threshold"])
 def test_sparsifiers_are_refused_with_the_sparse_strategies_named(compressor, local_topology):
     topology = local_topology("ring", 3)
     with (pytest.raises(ConfigError, match="gtopk or spardl"),
           Peer(0, topology, "ring-allreduce", transport=LoopbackHub(3).transport(0),
                compressor=compressor)):
         pass
+
+
+@pytest.mark.parametrize("size", [1, 3, 4])
+def test_randomk_averages_the_same_entries_on_every_peer(size, local_topology, run_rounds,
+                                                         make_data, oracle):
+    topology = local_topology("ring", size)
+    data = make_data(3, size, (1001,), torch.float64, seed=size)
+    run = run_rounds(topology, "ring-allreduce", data, inplace=True, compressor="randomk",
+                     density=0.1)
+    mean = oracle.mean(data)
+    for rnd in range(3):
+        kept = run.results[rnd, 0] != 0
+        assert kept.sum() == 101
+        for rank in range(size):
+            assert torch.equal(run.results[rnd, rank], run.results[rnd, 0])
+        torch.testing.assert_close(run.results[rnd, 0][kept], mean[rnd][kept])
+    assert not torch.equal(run.results[0, 0] != 0, run.results[1, 0] != 0), "same entries"
+
+
+def test_randomk_with_error_feedback_sends_everything_eventually(local_topology, run_rounds):
+    """Unscaled random-k alone applies only density x the mean on average; with error
+    feedback what was not picked is sent later, so the average approaches the mean."""
+    size, rounds = 3, 200
+    topology = local_topology("ring", size)
+    x = torch.randn(size, 200, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    data = x.unsqueeze(0).expand(rounds, -1, -1).contiguous()
+    errors = {}
+    for feedback in (False, True):
+        run = run_rounds(topology, "ring-allreduce", data, loopback=True,
+                         compressor="randomk", density=0.1, error_feedback=feedback)
+        errors[feedback] = float((run.results[:, 0].mean(0) - x.mean(0)).norm())
+    assert errors[False] > 0.8 * float(x.mean(0).norm())
+    assert errors[True] < 0.3 * errors[False]
