@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
 from gossip.errors import ConfigError
+from gossip.faults import DelayConfig
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,10 @@ class TrainConfig:
         options: Strategy options (e.g. ``piece_bytes``).
         task: Registered task name (data + model).
         rounds: Optimizer steps per peer; each one synchronizes once.
-        batch_size: Samples per local step.
+        batch_size: Samples per local step (per peer and round).
+        minibatches: The batch is computed as this many equal mini-batches whose gradients
+            are accumulated (the same step as one batch); delays are injected per
+            mini-batch, and the ``nonblocking`` strategy may stop a round early.
         lr: SGD learning rate.
         momentum: SGD momentum (local to each peer).
         partition: ``iid`` or ``dirichlet`` split of the training data over peers.
@@ -29,6 +34,7 @@ class TrainConfig:
         seed: Seeds data split, model init and batches; equal on all peers.
         eval_every: Rounds between consensus measurements (and at the last round).
         timeout: Seconds to wait for any one message before giving up on a peer.
+        delays: Injected compute, straggler and send delays (see gossip.faults).
     """
 
     strategy: str = "dpsgd"
@@ -36,6 +42,7 @@ class TrainConfig:
     task: str = "digits"
     rounds: int = 300
     batch_size: int = 32
+    minibatches: int = 1
     lr: float = 0.1
     momentum: float = 0.9
     partition: str = "iid"
@@ -43,6 +50,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 25
     timeout: float = 60.0
+    delays: DelayConfig = field(default_factory=DelayConfig)
 
     def __post_init__(self):
         from gossip.strategies import STRATEGIES
@@ -52,8 +60,14 @@ class TrainConfig:
         STRATEGIES.get(self.strategy)
         TASKS.get(self.task)
         check_options(self.strategy, self.options)
+        validate = getattr(STRATEGIES.get(self.strategy), "validate_options", None)
+        if validate is not None:  # strategies with nested options (nonblocking's inner)
+            validate(self.options)
         _require(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
         _require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+        _require(self.minibatches >= 1, "minibatches", self.minibatches, "must be >= 1")
+        _require(self.batch_size % self.minibatches == 0, "batch_size", self.batch_size,
+                 f"must be a multiple of minibatches ({self.minibatches})")
         _require(self.lr > 0, "lr", self.lr, "must be > 0")
         _require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
         _require(self.partition in SCHEMES, "partition", self.partition,
@@ -61,14 +75,17 @@ class TrainConfig:
         _require(self.alpha > 0, "alpha", self.alpha, "must be > 0")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
         _require(self.timeout > 0, "timeout", self.timeout, "must be > 0")
+        _require(isinstance(self.delays, DelayConfig), "delays", self.delays,
+                 "must be a DelayConfig")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["options"] = dict(self.options)
+        data["delays"] = self.delays.to_dict()
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> "TrainConfig":
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> TrainConfig:
         known = {f.name: f for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:
@@ -81,10 +98,15 @@ class TrainConfig:
                     raise ConfigError(f"{source}: {key}: expected a number, got {value!r}")
                 value = type(default)(value)
             values[key] = value
-        return cls(**values)
+        try:
+            if "delays" in values:
+                values["delays"] = DelayConfig.from_dict(values["delays"])
+            return cls(**values)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "TrainConfig":
+    def from_yaml(cls, path: str | Path) -> TrainConfig:
         data = load_yaml(path)
         return cls.from_dict(data.get("train", data), source=str(path))
 

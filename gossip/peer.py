@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from gossip import keys
 from gossip.errors import ConfigError
 from gossip.strategies import Strategy, create_strategy
 from gossip.strategies.base import check_options
@@ -27,14 +29,18 @@ class Peer:
         transport: A transport to use instead of ZeroMQ (e.g. loopback in tests); the Peer
             takes ownership and closes it.
         local_ipc: Reach peers on loopback addresses over Unix sockets instead of TCP.
+        key_file: This peer's CURVE secret key file, when the topology lists public keys (default:
+            ``peer-RANK.key`` in the topology's key directory).
         **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce.
 
     Raises:
-        ConfigError: unknown strategy or option, or rank not in the topology.
+        ConfigError: unknown strategy or option, rank not in the topology, or a missing or
+            wrong secret key for a topology with keys.
     """
 
     def __init__(self, rank: int, topology, strategy: str = "dpsgd", *, timeout: float = 60.0,
-                 transport: Transport | None = None, local_ipc: bool = True, **options: Any):
+                 transport: Transport | None = None, local_ipc: bool = True,
+                 key_file: str | Path | None = None, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
         check_options(strategy, options)  # also rejects an unknown strategy name
@@ -47,6 +53,8 @@ class Peer:
         self.timeout = timeout
         self.transport = transport
         self.local_ipc = local_ipc
+        # Read now, so a bad key fails before anything binds.
+        self.keys = keys.for_rank(topology, rank, key_file) if transport is None else None
         self.strategy: Strategy | None = None
         self.round = 0  # next round used by step()
 
@@ -54,7 +62,7 @@ class Peer:
         if self.transport is None:
             endpoints = [self.topology.address(r) for r in range(self.topology.size)]
             self.transport = ZmqTransport(self.rank, endpoints, timeout=self.timeout,
-                                          local_ipc=self.local_ipc).open()
+                                          local_ipc=self.local_ipc, keys=self.keys).open()
         try:
             self.strategy = self.add_strategy(self.strategy_name, **self.options)
         except BaseException:

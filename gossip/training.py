@@ -1,17 +1,21 @@
-"""The local training loop of one peer: batches, synchronized steps, evaluation, metrics."""
+"""The local training loop of one peer: mini-batches, synchronized steps, evaluation, metrics."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from gossip.config import TrainConfig
+from gossip.faults import DelayModel
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
+from gossip.strategies.nonblocking import NonBlocking
 from gossip.tasks import BatchStream, create_task, evaluate, partition
 
 PROBE_TAG = "probe"  # ring all-reduce used only to measure consensus; its bytes are not counted
@@ -21,64 +25,164 @@ _INIT_LOCK = threading.Lock()
 
 
 def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = None,
-          on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+          on_round: Callable[[dict[str, Any]], None] | None = None,
+          on_minibatch: Callable[[int, int], None] | None = None,
+          model: torch.nn.Module | None = None) -> dict[str, Any]:
     """Train the configured task on an open ``peer``; returns the last round's record.
 
     Every peer builds the same model (same seed) and the same data split, then trains on
-    its own shard. Each round writes one metrics record: round, time, loss, accuracy,
-    bytes_sent, bytes_recv, compute_s, comm_s, wait_s, and every ``eval_every`` rounds the
-    consensus distance (mean squared distance of the peers' models to their average) and
-    the test accuracy of that average model.
+    its own shard. A round computes ``config.minibatches`` mini-batches of
+    ``batch_size / minibatches`` samples, accumulating their gradients (blocking strategies:
+    always all of them, i.e. one step on the whole batch; ``nonblocking``: until some peer
+    has finished all of them), sleeping after each the delay ``config.delays`` injects for
+    this rank, then takes one synchronized step.
+
+    Each round writes one metrics record: round, time (seconds since this peer started),
+    wall (Unix time), loss (mean over the finished mini-batches; NaN, null in the file, if
+    none), accuracy,
+    bytes_sent, bytes_recv, compute_s (mini-batches, injected delays included), delay_s
+    (injected), comm_s, wait_s, minibatches and samples finished, and every ``eval_every``
+    rounds the consensus distance (mean squared distance of the peers' models to their
+    average) and the test accuracy of that average model.
+
+    Args:
+        on_round: Called with each record.
+        on_minibatch: Called as ``(round, finished)`` after each mini-batch (tests use it
+            to keep peers in lockstep).
+        model: Train this model in place instead of a fresh one (the caller must give every
+            peer the same initial weights).
     """
     task = create_task(config.task, seed=config.seed)
-    with _INIT_LOCK:
-        torch.manual_seed(config.seed)
-        model = task.build_model()
+    if model is None:
+        with _INIT_LOCK:
+            torch.manual_seed(config.seed)
+            model = task.build_model()
     shards = partition(task.train.y, peer.topology.size, scheme=config.partition,
                        alpha=config.alpha, seed=config.seed)
-    batches = BatchStream(task.train, shards[peer.rank], batch_size=config.batch_size,
+    per_minibatch = config.batch_size // config.minibatches
+    batches = BatchStream(task.train, shards[peer.rank], batch_size=per_minibatch,
                           seed=config.seed * 1000 + peer.rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    delays = config.delays.for_rank(peer.rank, seed=config.seed)
+    nonblocking = peer.strategy if isinstance(peer.strategy, NonBlocking) else None
     probe = peer.add_strategy("ring-allreduce", tag=PROBE_TAG)
-    probe_bytes = {"bytes_sent": 0, "bytes_recv": 0}
+    computed = 0  # mini-batches computed so far: indexes this rank's straggler draws
     start = time.perf_counter()
     record: dict[str, Any] = {}
     for rnd in range(config.rounds):
         before = peer.stats
         t0 = time.perf_counter()
         model.train()
-        x, y = batches.next()
         optimizer.zero_grad(set_to_none=False)
-        loss = task.loss_fn(model(x), y)
-        loss.backward()
+        done, loss_sum, slept = 0, 0.0, 0.0
+        for _ in range(config.minibatches):
+            # Checked only between mini-batches: a backward pass cannot be interrupted.
+            if nonblocking is not None and nonblocking.stop_requested(rnd):
+                break
+            x, y = batches.next()
+            c0 = time.perf_counter()
+            loss = task.loss_fn(model(x), y)
+            loss.backward()
+            slept += _inject(delays, computed, time.perf_counter() - c0)
+            computed += 1
+            done += 1
+            loss_sum += loss.item()
+            if on_minibatch is not None:
+                on_minibatch(rnd, done)
+        if (nonblocking is not None and done == config.minibatches
+                and not nonblocking.stop_requested(rnd)):
+            nonblocking.request_stop(rnd)  # first to finish: everyone combines now
         t1 = time.perf_counter()
-        peer.step(model, optimizer)
+        if nonblocking is not None:
+            _nonblocking_step(nonblocking, model, optimizer, rnd, done)
+            peer.round += 1
+        else:
+            if config.minibatches > 1:  # accumulated sum of means -> mean over the batch
+                _scale_grads(model, 1.0 / config.minibatches)
+            peer.step(model, optimizer)
         t2 = time.perf_counter()
         after = peer.stats
+        sent, received = _algorithm_bytes(after)
         _, accuracy = evaluate(model, task.test, task.loss_fn)
         record = {
             "round": rnd,
             "time": time.perf_counter() - start,
-            "loss": loss.item(),
+            "wall": time.time(),
+            "loss": loss_sum / done if done else math.nan,
             "accuracy": accuracy,
-            "bytes_sent": after["bytes_sent"] - probe_bytes["bytes_sent"],
-            "bytes_recv": after["bytes_recv"] - probe_bytes["bytes_recv"],
+            "bytes_sent": sent,
+            "bytes_recv": received,
             "compute_s": t1 - t0,
+            "delay_s": slept,
             "comm_s": t2 - t1,
             "wait_s": after["wait_s"] - before["wait_s"],
+            "minibatches": done,
+            "samples": done * per_minibatch,
             "consensus": None,
             "avg_accuracy": None,
         }
         if rnd % config.eval_every == 0 or rnd == config.rounds - 1:
             record["consensus"], record["avg_accuracy"] = _consensus(model, probe, rnd, task)
-            probed = peer.stats
-            for key in probe_bytes:
-                probe_bytes[key] += probed[key] - after[key]
         if metrics is not None:
             metrics.write(record)
         if on_round is not None:
             on_round(record)
     return record
+
+
+def _algorithm_bytes(stats: dict[str, Any]) -> tuple[int, int]:
+    """Bytes sent and received so far, without the consensus probe's: it measures the run,
+    it is not part of the algorithm. Counted per kind by the transport, so a probe message
+    that arrives before this peer's own probe (from a faster peer) is still left out."""
+    probe = [counts for kind, counts in stats["by_kind"].items()
+             if kind.startswith(f"{PROBE_TAG}.")]
+    return (stats["bytes_sent"] - sum(c["bytes_sent"] for c in probe),
+            stats["bytes_recv"] - sum(c["bytes_recv"] for c in probe))
+
+
+def _inject(delays: DelayModel, index: int, measured: float) -> float:
+    """Sleep the injected delay of mini-batch ``index`` (sleeping costs no CPU, so many
+    emulated slow peers can share few cores); returns the seconds asked for."""
+    delay = delays.minibatch_delay(index, measured)
+    if delay > 0:
+        time.sleep(delay)
+    return delay
+
+
+def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+@torch.no_grad()
+def _scale_grads(model: torch.nn.Module, factor: float) -> None:
+    for p in _trainable(model):
+        if p.grad is not None:
+            p.grad.mul_(factor)
+
+
+@torch.no_grad()
+def _nonblocking_step(strategy: NonBlocking, model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer, rnd: int, done: int) -> None:
+    """One non-blocking step from the gradients of the ``done`` finished mini-batches
+    (their sum is in ``.grad``), weighted by samples; see gossip.strategies.nonblocking."""
+    params = _trainable(model)
+    for p in params:
+        if p.grad is None:  # never reached by backward (or no mini-batch finished yet)
+            p.grad = torch.zeros_like(p)
+    if strategy.operates_on == "grads":
+        direction = strategy.synchronize(parameters_to_vector([p.grad for p in params]), rnd,
+                                         count=done)
+        offset = 0
+        for p in params:
+            p.grad.copy_(direction[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        optimizer.step()  # the same direction on every peer, even one that finished none
+        return
+    if done:  # a peer that finished nothing keeps its parameters (and momentum) as they are
+        _scale_grads(model, strategy.local_scale(done))
+        optimizer.step()
+    mixed = strategy.synchronize(parameters_to_vector(params), rnd)
+    vector_to_parameters(mixed, params)
 
 
 @torch.no_grad()

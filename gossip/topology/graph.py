@@ -10,7 +10,8 @@ from typing import Any, Sequence
 import networkx as nx
 import numpy as np
 
-from gossip.errors import TopologyError
+from gossip import keys
+from gossip.errors import ConfigError, TopologyError
 from gossip.topology import generators, weights
 
 # describe() prints the P x P matrix only while it stays readable.
@@ -19,11 +20,12 @@ _DESCRIBE_MAX_MATRIX = 32
 
 @dataclass(frozen=True)
 class PeerAddress:
-    """Where peer ``rank`` listens."""
+    """Where peer ``rank`` listens, and its Z85 CURVE public key when the cluster uses keys."""
 
     rank: int
     host: str
     port: int
+    public_key: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -75,7 +77,30 @@ def _check_peers(peers: Sequence[PeerAddress]) -> tuple[PeerAddress, ...]:
                 f"duplicate address {peer.host}:{peer.port} (ranks {owner[key]} and {peer.rank})"
             )
         owner[key] = peer.rank
+    _check_public_keys(peers)
     return ordered
+
+
+def _check_public_keys(peers: Sequence[PeerAddress]) -> None:
+    """Every peer has a distinct valid key, or none has one (a half-keyed cluster would
+    leave some sockets open to anyone)."""
+    keyed = [index for index, peer in enumerate(peers) if peer.public_key is not None]
+    if not keyed:
+        return
+    owner: dict[str, int] = {}
+    for index, peer in enumerate(peers):
+        where = f"peers[{index}].public_key"
+        if peer.public_key is None:
+            raise TopologyError(f"{where}: missing (peers[{keyed[0]}] has one: give every "
+                                f"peer a key, or none)")
+        try:
+            keys.check_key(where, peer.public_key)
+        except ConfigError as exc:
+            raise TopologyError(str(exc)) from None
+        if peer.public_key in owner:
+            raise TopologyError(f"{where}: same key as peers[{owner[peer.public_key]}] (every "
+                                f"peer needs its own keypair)")
+        owner[peer.public_key] = index
 
 
 def _format_component(nodes) -> str:
@@ -114,16 +139,22 @@ class Topology:
         graph: Connected undirected graph on nodes ``0..P-1`` (copied and frozen).
         peers: One PeerAddress per rank, in any order.
         name: Human label, e.g. ``"ring-8"``.
+        key_dir: Directory holding the peers' ``peer-R.key`` secret keys (a peer finds its own
+            there); the public keys themselves are the peers' ``public_key``.
 
     Raises:
         TopologyError: Naming the field for any invalid peer, duplicate rank or address,
             missing rank, foreign node, self-loop or disconnected graph.
     """
 
-    def __init__(self, graph: nx.Graph, peers: Sequence[PeerAddress], *, name: str | None = None):
+    def __init__(self, graph: nx.Graph, peers: Sequence[PeerAddress], *, name: str | None = None,
+                 key_dir: str | Path | None = None):
         if name is not None and not isinstance(name, str):
             raise TopologyError(f"name: expected a string, got {name!r}")
         self._peers = _check_peers(tuple(peers))
+        if key_dir is not None and not self.keyed:
+            raise TopologyError(f"keys: {key_dir} given but the peers have no public keys")
+        self._key_dir = Path(key_dir).resolve() if key_dir is not None else None
         self._graph = _check_graph(graph, len(self._peers))
         self._name = name
         self._neighbors = {
@@ -152,6 +183,31 @@ class Topology:
     def size(self) -> int:
         """Number of peers P."""
         return len(self._peers)
+
+    @property
+    def keyed(self) -> bool:
+        """Whether peers authenticate and encrypt with CURVE (every peer has a public key)."""
+        return self._peers[0].public_key is not None
+
+    @property
+    def key_dir(self) -> Path | None:
+        """Absolute directory of the peers' key files, if the keys came from one."""
+        return self._key_dir
+
+    def with_keys(self, directory: str | Path) -> Topology:
+        """Same peers and graph with every rank's public key read from ``directory``
+        (``peer-R.key.pub``, as ``gossip keys generate`` writes them).
+
+        Raises:
+            TopologyError: a key file is missing or malformed, naming it.
+        """
+        try:
+            public = [keys.read_public_key(keys.public_path(directory, rank))
+                      for rank in range(self.size)]
+        except ConfigError as exc:
+            raise TopologyError(f"keys: {exc}") from None
+        peers = [PeerAddress(p.rank, p.host, p.port, public[p.rank]) for p in self._peers]
+        return Topology(self._graph, peers, name=self._name, key_dir=directory)
 
     def _rank(self, rank: int) -> int:
         if not _is_int(rank) or not 0 <= rank < self.size:
@@ -248,10 +304,11 @@ class Topology:
                 peer.rank,
                 peer.host if host is None else host,
                 peer.port if ports is None else ports[peer.rank],
+                peer.public_key,
             )
             for peer in self._peers
         ]
-        return Topology(self._graph, peers, name=self._name)
+        return Topology(self._graph, peers, name=self._name, key_dir=self._key_dir)
 
     # -- presentation ---------------------------------------------------------------
 
@@ -260,6 +317,8 @@ class Topology:
         matrix = self.mixing_matrix()
         lam2 = weights.second_eigenvalue(matrix)
         lines = [f"topology {self._name or '(unnamed)'}: P={self.size}, {len(self._edges)} edges", "peers:"]
+        if self.keyed:
+            lines[0] += ", CURVE keys" + (f" in {self._key_dir}" if self._key_dir else "")
         width = len(str(self.size - 1))
         for peer in self._peers:
             lines.append(

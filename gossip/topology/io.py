@@ -16,8 +16,9 @@ from gossip.errors import ConfigError, TopologyError
 from gossip.topology import generators
 from gossip.topology.graph import PeerAddress, Topology, _is_int
 
-_KEYS = ("name", "peers", "hosts", "size", "host", "base_port", "graph", "edges")
-_PEER_KEYS = ("rank", "host", "port")
+_KEYS = ("name", "peers", "hosts", "size", "host", "base_port", "graph", "edges", "keys")
+_PEER_KEYS = ("rank", "host", "port", "public_key")
+_REQUIRED_PEER_KEYS = ("rank", "host", "port")
 _DEFAULT_HOST = "127.0.0.1"
 _DEFAULT_BASE_PORT = 7000
 
@@ -57,22 +58,24 @@ def load(path: str | Path) -> Topology:
         raise TopologyError(f"{source}: file is empty")
     if isinstance(data, dict) and "name" not in data:
         data = {**data, "name": Path(path).stem}
-    return parse(data, source=source)
+    return parse(data, source=source, base_dir=Path(path).parent)
 
 
-def parse(data: Any, *, source: str = "<dict>") -> Topology:
+def parse(data: Any, *, source: str = "<dict>", base_dir: str | Path = ".") -> Topology:
     """Validate a parsed topology mapping and build the Topology.
+
+    A relative ``keys`` directory is taken relative to ``base_dir`` (the file's directory).
 
     Raises:
         TopologyError: ``"<source>: <field>: <problem>"`` on the first problem found.
     """
     try:
-        return _parse(data)
+        return _parse(data, Path(base_dir))
     except ConfigError as exc:
         raise TopologyError(f"{source}: {exc}") from None
 
 
-def _parse(data: Any) -> Topology:
+def _parse(data: Any, base_dir: Path) -> Topology:
     if not isinstance(data, dict):
         raise TopologyError(f"expected a mapping at the top level, got {type(data).__name__}")
     for key in data:
@@ -83,7 +86,23 @@ def _parse(data: Any) -> Topology:
         raise TopologyError(f"name: expected a string, got {name!r}")
     peers = _parse_peers(data)
     graph = _parse_graph(data, len(peers))
-    return Topology(graph, peers, name=name)
+    topology = Topology(graph, peers, name=name)
+    if "keys" in data:
+        return topology.with_keys(_key_dir(data["keys"], topology, base_dir))
+    return topology
+
+
+def _key_dir(value: Any, topology: Topology, base_dir: Path) -> Path:
+    if not isinstance(value, str) or not value.strip():
+        raise TopologyError(f"keys: expected a directory of peer-R.key.pub files, got {value!r}")
+    if topology.keyed:
+        raise TopologyError("keys: give either 'keys' (a directory) or a public_key per peer, "
+                            "not both")
+    directory = base_dir / Path(value).expanduser()
+    if not directory.is_dir():
+        raise TopologyError(f"keys: {directory} is not a directory (create one with `gossip "
+                            f"keys generate --out {value} --peers {topology.size}`)")
+    return directory
 
 
 def _port(field: str, value: Any) -> int:
@@ -141,11 +160,12 @@ def _explicit_peers(entries: Any) -> list[PeerAddress]:
         for key in entry:
             if key not in _PEER_KEYS:
                 raise TopologyError(f"{where}: unknown key {key!r} (allowed: {', '.join(_PEER_KEYS)})")
-        for key in _PEER_KEYS:
+        for key in _REQUIRED_PEER_KEYS:
             if key not in entry:
                 raise TopologyError(f"{where}.{key}: missing")
         # Types and ranges are checked by Topology with the same peers[i] field names.
-        peers.append(PeerAddress(entry["rank"], entry["host"], entry["port"]))
+        peers.append(PeerAddress(entry["rank"], entry["host"], entry["port"],
+                                 entry.get("public_key")))
     return peers
 
 
@@ -209,9 +229,16 @@ def to_dict(topology: Topology) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if topology.name is not None:
         data["name"] = topology.name
+    # Keys from a directory are written as that (absolute) directory, so a peer started from
+    # the written file still finds its secret key there.
+    explicit_keys = topology.keyed and topology.key_dir is None
     data["peers"] = [
-        {"rank": peer.rank, "host": peer.host, "port": peer.port} for peer in topology.peers
+        {"rank": peer.rank, "host": peer.host, "port": peer.port,
+         **({"public_key": peer.public_key} if explicit_keys else {})}
+        for peer in topology.peers
     ]
+    if topology.key_dir is not None:
+        data["keys"] = str(topology.key_dir)
     data["edges"] = [[a, b] for a, b in topology.edges()]
     return data
 

@@ -5,5 +5,5 @@ from gossip.transport.loopback import LoopbackHub, LoopbackTransport
 from gossip.transport.message import Message
 from gossip.transport.zmq import ZmqTransport
 
-__all__ = ["Message", "Transport", "TransportStats", "ZmqTransport", "LoopbackHub",
-           "LoopbackTransport"]
+__all__ = ["LoopbackHub", "LoopbackTransport", "Message", "Transport", "TransportStats",
+           "ZmqTransport"]

@@ -6,8 +6,9 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.transport import codec
@@ -18,11 +19,22 @@ log = logging.getLogger("gossip.transport")
 # Messages that arrived before anyone asked for them are kept, up to this many bytes.
 DEFAULT_MAX_PENDING_BYTES = 4 << 30
 BYE = "bye"  # internal: the sender is done and sends nothing more
+# by_kind entry of the bytes of rejected messages: their kind is unknown or untrusted.
+# Not a valid kind, so it cannot collide with one.
+REJECTED = "<rejected>"
+_KIND_COUNTERS = ("bytes_sent", "bytes_recv", "messages_sent", "messages_recv")
 
 
 @dataclass
 class TransportStats:
-    """Exact counters of what went over the socket (header + frames) and what was rejected."""
+    """Exact counters of what went over the socket (header + frames) and what was rejected.
+
+    ``messages_rejected`` counts dropped messages and refused connections (a failed CURVE
+    handshake, a frame libzmq dropped); ``rejections`` keeps the latest reasons.
+
+    ``by_kind`` splits the four traffic counters by message kind; its entries add up to the
+    totals (rejected messages' bytes are under ``"<rejected>"``, counted in no ``messages_*``).
+    """
 
     bytes_sent: int = 0
     bytes_recv: int = 0
@@ -31,6 +43,34 @@ class TransportStats:
     messages_rejected: int = 0
     wait_s: float = 0.0  # time blocked waiting for a message
     rejections: deque = field(default_factory=lambda: deque(maxlen=32))
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def sent(self, kind: str, nbytes: int) -> None:
+        self.bytes_sent += nbytes
+        self.messages_sent += 1
+        counts = self._kind(kind)
+        counts["bytes_sent"] += nbytes
+        counts["messages_sent"] += 1
+
+    def received(self, kind: str, nbytes: int) -> None:
+        """Count an accepted message (its bytes are already in ``bytes_recv``)."""
+        self.messages_recv += 1
+        counts = self._kind(kind)
+        counts["bytes_recv"] += nbytes
+        counts["messages_recv"] += 1
+
+    def rejected(self, nbytes: int = 0) -> None:
+        """Count a rejected message or refused connection; ``nbytes`` of a dropped message
+        (already in ``bytes_recv``) move from no kind to ``"<rejected>"``."""
+        self.messages_rejected += 1
+        if nbytes:
+            self._kind(REJECTED)["bytes_recv"] += nbytes
+
+    def _kind(self, kind: str) -> dict[str, int]:
+        counts = self.by_kind.get(kind)
+        if counts is None:
+            counts = self.by_kind[kind] = dict.fromkeys(_KIND_COUNTERS, 0)
+        return counts
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -40,13 +80,14 @@ class TransportStats:
             "messages_recv": self.messages_recv,
             "messages_rejected": self.messages_rejected,
             "wait_s": self.wait_s,
+            "by_kind": {kind: dict(counts) for kind, counts in self.by_kind.items()},
         }
 
 
 class Delivery:
     """Handle of a sent message: ``wait()`` returns once its tensors may be modified again."""
 
-    def __init__(self, transport: "Transport", dst: int, trackers: list):
+    def __init__(self, transport: Transport, dst: int, trackers: list):
         self._transport, self._dst, self._trackers = transport, dst, trackers
 
     def wait(self, timeout: float | None = None) -> None:
@@ -68,7 +109,14 @@ class Transport(ABC):
         kinds: Message kinds accepted; others are rejected. None accepts any valid kind.
         timeout: Default seconds ``recv`` waits before raising PeerTimeout.
         max_message_bytes: Larger messages are rejected.
+        max_pending_bytes: Messages that arrive before anyone asks for them are kept up to
+            this many bytes; more are rejected.
+        reject_nonfinite: Reject float tensors holding NaN or Inf, so a broken or hostile
+            neighbour cannot poison this peer's model (see docs/ARCHITECTURE.md).
     """
+
+    #: Number of ranks, if known: messages claiming another ``src`` are rejected.
+    size: int | None = None
 
     def __init__(
         self,
@@ -78,12 +126,14 @@ class Transport(ABC):
         timeout: float = 60.0,
         max_message_bytes: int = codec.DEFAULT_MAX_MESSAGE_BYTES,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        reject_nonfinite: bool = True,
     ):
         self.rank = rank
         self.timeout = timeout
         self.kinds = frozenset(kinds) if kinds is not None else None
         self.max_message_bytes = max_message_bytes
         self.max_pending_bytes = max_pending_bytes
+        self.reject_nonfinite = reject_nonfinite
         self.stats = TransportStats()
         self._pending: deque[tuple[Message, int]] = deque()
         self._pending_bytes = 0
@@ -108,12 +158,19 @@ class Transport(ABC):
         """How to name ``rank`` in an error message."""
         return f"peer {rank}"
 
+    def _sender(self, frames: list) -> int | None:
+        """The rank that authenticated the connection ``frames`` came over, if known."""
+        return None
+
+    def _heard(self, frames: list, msg: Message) -> None:
+        """Called for every accepted message (goodbyes included), e.g. to track connections."""
+
     # -- public API -----------------------------------------------------------------------
     def accept_kinds(self, kinds: Sequence[str]) -> None:
         """Also accept messages of these kinds from now on."""
         self.kinds = (self.kinds or frozenset()) | frozenset(kinds)
 
-    def send(self, dst: int, msg: Message, *, track: bool = False) -> "Delivery":
+    def send(self, dst: int, msg: Message, *, track: bool = False) -> Delivery:
         """Queue ``msg`` for ``dst`` and return at once; the message may still be in flight.
 
         Large tensors are sent zero-copy: do not modify them until ``.wait()`` on the
@@ -122,8 +179,7 @@ class Transport(ABC):
         header, frames = codec.encode(msg, self.rank)
         trackers = self._send_frames(dst, header, frames, track)
         self.contacts.add(dst)
-        self.stats.bytes_sent += len(header) + sum(f.numel() for f in frames)
-        self.stats.messages_sent += 1
+        self.stats.sent(msg.kind, len(header) + sum(f.numel() for f in frames))
         return Delivery(self, dst, trackers)
 
     def recv(
@@ -146,6 +202,7 @@ class Transport(ABC):
                 return msg
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        rejected_before = self.stats.messages_rejected
         while True:
             remaining = deadline - time.monotonic()
             start = time.perf_counter()
@@ -153,9 +210,14 @@ class Transport(ABC):
             self.stats.wait_s += time.perf_counter() - start
             if frames is None:
                 who = self.describe(src) if src is not None else "any peer"
+                rejected = self.stats.messages_rejected - rejected_before
+                # A neighbour whose messages are all rejected (e.g. its model diverged to NaN)
+                # looks like a silent one: say so.
+                why = (f"; {rejected} message(s) rejected meanwhile, the last: "
+                       f"{self.stats.rejections[-1]}" if rejected else "")
                 raise PeerTimeout(
                     f"rank {self.rank}: no {kind or 'message'} from {who} for round "
-                    f"{round if round is not None else 'any'} within {limit:g} s"
+                    f"{round if round is not None else 'any'} within {limit:g} s{why}"
                 )
             msg, size = self._accept(frames)
             if msg is None:
@@ -197,25 +259,33 @@ class Transport(ABC):
         self.stats.bytes_recv += size
         try:
             msg = codec.decode(frames, kinds=self.kinds and self.kinds | {BYE},
-                               max_message_bytes=self.max_message_bytes)
+                               max_message_bytes=self.max_message_bytes, peers=self.size,
+                               sender=self._sender(frames), finite=self.reject_nonfinite)
         except ProtocolError as exc:
-            self.reject(f"{exc} ({size} bytes)")
+            self.reject(f"{exc} ({size} bytes)", nbytes=size)
             return None, size
-        except Exception as exc:  # a check we missed must not let hostile bytes crash a peer
-            self.reject(f"undecodable message: {type(exc).__name__}: {exc} ({size} bytes)")
+        except Exception as exc:  # noqa: BLE001 - a missed check must not let bytes crash a peer
+            self.reject(f"undecodable message: {type(exc).__name__}: {exc} ({size} bytes)",
+                        nbytes=size)
             return None, size
-        self.stats.messages_recv += 1
+        self.stats.received(msg.kind, size)
+        self._heard(frames, msg)
         self.contacts.add(msg.src)
         if msg.kind == BYE:
             self.departed.add(msg.src)
             return None, size
         return msg, size
 
-    def reject(self, reason: str) -> None:
-        """Log and count a dropped message; the peer keeps going."""
-        self.stats.messages_rejected += 1
+    def reject(self, reason: str, *, nbytes: int = 0, quiet: bool = False) -> None:
+        """Log and count a dropped message (or refused connection); the peer keeps going.
+
+        ``nbytes``: size of a dropped message whose bytes are counted but no kind's.
+        ``quiet``: log at debug level only (a repeat of a reason logged moments ago).
+        """
+        self.stats.rejected(nbytes)
         self.stats.rejections.append(reason)
-        log.warning("rank %d: rejected message: %s", self.rank, reason)
+        log.log(logging.DEBUG if quiet else logging.WARNING, "rank %d: rejected message: %s",
+                self.rank, reason)
 
     def _keep(self, msg: Message, size: int) -> None:
         if self._pending_bytes + size > self.max_pending_bytes:

@@ -14,7 +14,7 @@ class LoopbackHub:
     def __init__(self, size: int):
         self.queues = [queue.SimpleQueue() for _ in range(size)]
 
-    def transport(self, rank: int, **kwargs) -> "LoopbackTransport":
+    def transport(self, rank: int, **kwargs) -> LoopbackTransport:
         return LoopbackTransport(rank, self, **kwargs)
 
 
@@ -24,6 +24,7 @@ class LoopbackTransport(Transport):
     def __init__(self, rank: int, hub: LoopbackHub, **kwargs):
         super().__init__(rank, **kwargs)
         self.hub = hub
+        self.size = len(hub.queues)
         self.closed = False
 
     def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False) -> list:

@@ -2,26 +2,39 @@
 
 PUSH queues messages while a destination is still starting, so peers may start in any
 order. Per-pair ordering is FIFO, which the strategies rely on for multi-part exchanges.
+With CURVE keys every socket authenticates and encrypts (ipc twins included): the PULL socket
+is a CURVE server that lets in only the topology's keys (auth.py), each PUSH a CURVE client.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import tempfile
-from typing import Sequence
+import time
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import zmq
 
-from gossip.errors import PeerTimeout, TransportError
+from gossip.errors import PeerTimeout, ProtocolError, TransportError
+from gossip.keys import CurveKeys, for_rank
 from gossip.transport import codec
-from gossip.transport.base import Transport
+from gossip.transport.auth import DOMAIN, ZapHandler
+from gossip.transport.base import BYE, Transport, log
 from gossip.transport.memory import keep_freed_buffers
+from gossip.transport.message import Message
+from gossip.transport.monitor import ConnectionWatch
 
-# Queue depth per socket. Messages are large tensors, so this bounds memory, not the count
-# of messages a strategy may have in flight: ring pieces are sized so this is never reached.
+# Queue depth, in messages, of each PUSH socket and of each connection into a PULL socket.
+# It bounds the count of messages a strategy may have in flight to one peer (reaching it makes
+# send wait, then raise PeerTimeout), not memory: a PULL socket may hold up to HWM messages of
+# up to max_message_bytes per sender before the application reads them (docs/ARCHITECTURE.md).
 HWM = 10_000
+# A CURVE message frame carries its payload plus "\x07MESSAGE", an 8-byte nonce, a 16-byte MAC
+# and a flags byte, and ZMQ_MAXMSGSIZE applies to that frame (measured with libzmq 4.3.5).
+CURVE_FRAME_OVERHEAD = 33
 # Kernel socket buffers: the 208 KiB default splits every large frame into many writes, each
 # waking the receiver's I/O thread. 0 keeps the OS default. Capped by net.core.[rw]mem_max.
 SOCKET_BUFFER_BYTES = 4 << 20
@@ -34,32 +47,68 @@ class ZmqTransport(Transport):
         rank: This peer's rank; it binds ``endpoints[rank]``.
         endpoints: Every rank's endpoint, indexed by rank.
         local_ipc: Reach peers on loopback addresses through a Unix socket (faster).
+        keys: CURVE keys (``gossip.keys.for_rank``): authenticate and encrypt every
+            connection, let in only the other ranks' keys, and reject messages whose ``src``
+            is not the rank whose key sent them. None: plaintext, anyone may connect.
         **kwargs: See Transport.
     """
 
     def __init__(self, rank: int, endpoints: Sequence[str], *, local_ipc: bool = True,
-                 **kwargs):
+                 keys: CurveKeys | None = None, **kwargs):
         super().__init__(rank, **kwargs)
         self.use_ipc = local_ipc
         if not 0 <= rank < len(endpoints):
             raise TransportError(f"rank {rank} has no endpoint (there are {len(endpoints)})")
+        if keys is not None and (keys.rank != rank or len(keys.peers) != len(endpoints)):
+            raise TransportError(f"rank {rank}: CURVE keys are for rank {keys.rank} of "
+                                 f"{len(keys.peers)} peers, not rank {rank} of {len(endpoints)}")
         self.endpoints = list(endpoints)
+        self.size = len(endpoints)
+        self.keys = keys
         self._ctx: zmq.Context | None = None
         self._pull: zmq.Socket | None = None
         self._push: dict[int, zmq.Socket] = {}
         self._ipc_path: str | None = None
         self._poller = zmq.Poller()
+        self._zap: ZapHandler | None = None
+        self._watch: ConnectionWatch | None = None
 
-    def open(self) -> "ZmqTransport":
+    @classmethod
+    def for_topology(cls, rank: int, topology, *, key_file=None, **kwargs) -> ZmqTransport:
+        """The (unopened) transport of ``rank`` in ``topology``: its endpoints, and CURVE keys
+        when the topology lists public keys (secret key from ``key_file`` or the topology's
+        key directory; ConfigError if none fits)."""
+        endpoints = [topology.address(r) for r in range(topology.size)]
+        return cls(rank, endpoints, keys=for_rank(topology, rank, key_file), **kwargs)
+
+    def open(self) -> ZmqTransport:
         """Bind this rank's endpoint. Raises TransportError naming the address if it cannot."""
         keep_freed_buffers()  # before the I/O thread starts, so it shares the tuned arena
+        # One I/O thread: the connection watch relies on its events coming in order.
         self._ctx = zmq.Context(io_threads=1)
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         self._pull.setsockopt(zmq.RCVHWM, HWM)
-        self._pull.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        # Refused by libzmq before it allocates; the header check also sees multi-frame totals.
+        max_frame = self.max_message_bytes + (CURVE_FRAME_OVERHEAD if self.keys else 0)
+        self._pull.setsockopt(zmq.MAXMSGSIZE, max_frame)
         self._pull.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES or -1)
+        if self.keys is not None:
+            self._zap = ZapHandler(self._ctx, self.keys)
+            self._pull.curve_server = True
+            self._pull.curve_secretkey = self.keys.secret.encode("ascii")
+            self._pull.zap_domain = DOMAIN
+            # Without this, libzmq lets every CURVE client in if the ZAP handler is gone.
+            try:
+                self._pull.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+            except (AttributeError, zmq.ZMQError):  # libzmq < 4.3: the handler must not fail
+                log.warning("rank %d: this libzmq cannot enforce ZAP (ZMQ_ZAP_ENFORCE_DOMAIN)",
+                            self.rank)
         self._poller.register(self._pull, zmq.POLLIN)
+        self._watch = ConnectionWatch(self._pull, self.reject, max_frame_bytes=max_frame,
+                                      curve=self.keys is not None,
+                                      denials=self._zap.denials if self._zap else None)
+        self._poller.register(self._watch.socket, zmq.POLLIN)
         endpoint = self.endpoints[self.rank]
         twin = local_ipc(endpoint)
         try:
@@ -90,6 +139,10 @@ class ZmqTransport(Transport):
             sock.setsockopt(zmq.SNDHWM, HWM)
             sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES or -1)
             sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
+            if self.keys is not None:
+                sock.curve_serverkey = self.keys.peers[dst].encode("ascii")
+                sock.curve_publickey = self.keys.public.encode("ascii")
+                sock.curve_secretkey = self.keys.secret.encode("ascii")
             endpoint = self.endpoints[dst]
             sock.connect((self.use_ipc and local_ipc(endpoint)) or endpoint)
             self._push[dst] = sock
@@ -115,15 +168,43 @@ class ZmqTransport(Transport):
                               f"after {self.timeout:g} s (is it running?)") from None
 
     def _recv_frames(self, timeout: float) -> list | None:
-        if self._pull is None:
+        pull, watch = self._pull, self._watch
+        if pull is None:
             raise TransportError(f"rank {self.rank}: transport is not open")
         try:
-            return self._pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            return pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             pass
-        if not self._poller.poll(timeout * 1000):
+        # The queue is empty: the connection watch needs attention only now.
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            due = watch.judge()
+            wait = remaining if due is None else min(remaining, due)
+            ready = dict(self._poller.poll(math.ceil(max(wait, 0.0) * 1000)))
+            if watch.socket in ready:
+                watch.read()
+            if pull in ready:
+                try:
+                    return pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    continue
+            if remaining <= 0:
+                return None
+
+    def _sender(self, frames: list) -> int | None:
+        if self.keys is None:
             return None
-        return self._pull.recv_multipart(copy=False)
+        user = frames[0].get("User-Id")  # set by our ZAP handler: the rank of the key
+        try:
+            return int(user)
+        except (TypeError, ValueError):
+            raise ProtocolError(f"connection has no authenticated rank (User-Id {user!r})") \
+                from None
+
+    def _heard(self, frames: list, msg: Message) -> None:
+        if self._watch is not None:
+            self._watch.heard(frames[0].get(zmq.SRCFD), msg.src, msg.kind == BYE)
 
     def close(self, linger: float = 0.0) -> None:
         # libzmq leaves the ipc socket file behind. Remove it while our TCP bind still guards
@@ -137,10 +218,17 @@ class ZmqTransport(Transport):
         for sock in self._push.values():
             sock.close(linger=int(linger * 1000))
         self._push.clear()
+        if self._watch is not None:
+            self._poller.unregister(self._watch.socket)
+            self._watch.close()
+            self._watch = None
         if self._pull is not None:
             self._poller.unregister(self._pull)
             self._pull.close(linger=0)
             self._pull = None
+        if self._zap is not None:
+            self._zap.close()
+            self._zap = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

@@ -20,7 +20,8 @@ import zmq
 
 from gossip.errors import PeerTimeout, TransportError
 from gossip.netutil import free_ports
-from gossip.transport import LoopbackHub, Message, ZmqTransport, codec
+from gossip.transport import LoopbackHub, Message, ZmqTransport, codec, monitor
+from gossip.transport.base import REJECTED
 from gossip.transport.zmq import local_ipc
 
 # Tests that send through Transport.send also run with TCP between the ZeroMQ peers;
@@ -168,6 +169,41 @@ def test_counters_are_exact(network, n):
 
 
 @pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_counters_by_kind_add_up_to_the_totals(network):
+    t0, t1 = network.open(2, kinds=["a", "b"])
+    sizes = {}
+    for kind, n in [("a", 3), ("b", 10), ("a", 0)]:
+        msg = Message(kind, 0, buffers=(torch.ones(n),))
+        sizes[kind] = sizes.get(kind, 0) + len(codec.encode(msg, 1)[0]) + 4 * n
+        t1.send(0, msg)
+    network.inject(0, [b"\xc1 not msgpack"])  # rejected: its bytes count too
+    for kind in ("a", "b", "a"):
+        t0.recv(kind=kind)
+    sent, recv = t1.stats.snapshot()["by_kind"], t0.stats.snapshot()["by_kind"]
+    assert {k: (v["bytes_sent"], v["messages_sent"]) for k, v in sent.items()} == {
+        "a": (sizes["a"], 2), "b": (sizes["b"], 1)}
+    assert {k: recv[k]["bytes_recv"] for k in "ab"} == sizes
+    assert (recv["a"]["messages_recv"], recv["b"]["messages_recv"]) == (2, 1)
+    for stats in (t0.stats, t1.stats):
+        for counter in ("bytes_sent", "bytes_recv", "messages_sent", "messages_recv"):
+            assert sum(v[counter] for v in stats.by_kind.values()) == getattr(stats, counter)
+
+
+@pytest.mark.parametrize("network", KINDS, indirect=True)
+def test_rejected_bytes_are_counted_apart_from_every_kind(network):
+    t0, _ = network.open(2, kinds=["gossip"])
+    frames = [header(kind="other"), b"\0" * 8]
+    network.inject(0, frames)
+    network.inject(0, raw(tensor_msg(), src=1))
+    t0.recv()
+    by_kind = t0.stats.snapshot()["by_kind"]
+    assert by_kind[REJECTED] == {"bytes_sent": 0, "bytes_recv": sum(map(len, frames)),
+                                 "messages_sent": 0, "messages_recv": 0}
+    assert sum(v["bytes_recv"] for v in by_kind.values()) == t0.stats.bytes_recv
+    assert t0.stats.messages_rejected == 1
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
 def test_tracked_send_may_be_overwritten_after_wait(network):
     t0, t1 = network.open(2)
     x = torch.arange(codec.ZERO_COPY_MIN_BYTES, dtype=torch.float32)  # sent zero-copy
@@ -190,6 +226,12 @@ MALFORMED = {
     # Regression: an unhashable dtype used to raise TypeError out of recv().
     "list as dtype": ([header(tensors=[{"dtype": ["float32"], "shape": [2]}]), b"\0" * 8],
                       "dtype ['float32'] not allowed"),
+    "src not a peer": ([header(src=2), b"\0" * 8], "src 2 is not a peer (ranks 0..1)"),
+    "NaN": ([header(), torch.tensor([1.0, float("nan")]).numpy().tobytes()],
+            "gossip round 0 from peer 1: tensor 0 (float32) holds NaN or Inf"),
+    "-Inf": ([header(tensors=[{"dtype": "float16", "shape": [2]}]),
+              torch.tensor([float("-inf"), 0], dtype=torch.float16).numpy().tobytes()],
+             "tensor 0 (float16) holds NaN or Inf"),
 }
 
 
@@ -207,6 +249,38 @@ def test_malformed_message_is_rejected_and_the_next_one_received(network, case):
     assert t0.stats.bytes_recv == sum(map(len, frames)) + sum(map(len, raw(tensor_msg(), 1)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=str)
+def test_nonfinite_check_is_exact(dtype):
+    big = torch.full((1000,), torch.finfo(dtype).max, dtype=dtype)  # its sum would overflow
+    assert not codec.has_nonfinite(big) and not codec.has_nonfinite(-big)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        poisoned = big.clone()
+        poisoned[637] = bad
+        assert codec.has_nonfinite(poisoned), bad
+        assert codec.has_nonfinite(torch.tensor(bad, dtype=dtype))  # 0-dim
+    assert not codec.has_nonfinite(torch.empty(0, dtype=dtype))
+    assert not codec.has_nonfinite(torch.tensor([-5, 2**31 - 1], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_nonfinite_values_pass_only_when_the_check_is_off(network):
+    t0, t1 = network.open(2, reject_nonfinite=False)
+    poisoned = torch.tensor([1.0, float("nan"), float("inf")])
+    t1.send(0, Message("gossip", 0, buffers=(poisoned,)))
+    got = t0.recv().buffers[0]
+    assert torch.equal(got.isnan(), poisoned.isnan()) and got[2] == float("inf")
+
+
+@pytest.mark.parametrize("network", KINDS, indirect=True)
+def test_timeout_says_what_was_rejected_meanwhile(network):
+    t0, _ = network.open(2)
+    network.inject(0, [header(), torch.tensor([float("nan"), 0.0]).numpy().tobytes()])
+    with pytest.raises(PeerTimeout, match=r"within 0.3 s; 1 message\(s\) rejected meanwhile, "
+                                          r"the last: gossip round 0 from peer 1: .*NaN"):
+        t0.recv(src=1, timeout=0.3)
+
+
 @pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
 def test_message_over_the_size_limit_is_rejected(network):
     t0, t1 = network.open(2, max_message_bytes=1000)
@@ -217,11 +291,6 @@ def test_message_over_the_size_limit_is_rejected(network):
     assert "size limit of 1000 bytes" in t0.stats.rejections[0]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "gossip/transport/zmq.py:59 sets zmq.MAXMSGSIZE = max_message_bytes on the PULL socket: a "
-    "message with one frame over the limit is dropped by libzmq, which resets the connection "
-    "(messages queued behind it may be lost too), so it never reaches codec.decode and is "
-    "neither counted in messages_rejected nor named in rejections"))
 @pytest.mark.parametrize("local_ipc", [True, False], ids=["ipc", "tcp"])
 def test_single_frame_over_the_size_limit_is_counted_as_rejected(local_ipc):
     net = Network("zmq")
@@ -231,6 +300,44 @@ def test_single_frame_over_the_size_limit_is_counted_as_rejected(local_ipc):
         with pytest.raises(PeerTimeout):
             t0.recv(timeout=0.5)
         assert t0.stats.messages_rejected == 1, "oversized message vanished without a trace"
+        reason = t0.stats.rejections[0]
+        assert "ZMQ_MAXMSGSIZE" in reason and "last heard from" not in reason, reason
+    finally:
+        net.close()
+
+
+def test_oversized_frame_names_the_peer_last_heard_on_that_connection():
+    net = Network("zmq")
+    try:
+        t0, t1 = net.open(2, max_message_bytes=1000)
+        t1.send(0, tensor_msg(round=1))
+        assert t0.recv().round == 1
+        t1.send(0, Message("gossip", 2, buffers=(torch.zeros(300),)))
+        with pytest.raises(PeerTimeout, match="1 message.s. rejected meanwhile"):
+            t0.recv(timeout=0.5)
+        assert "last heard from peer 1" in t0.stats.rejections[0]
+    finally:
+        net.close()
+
+
+@pytest.mark.parametrize("local_ipc", [True, False], ids=["ipc", "tcp"])
+def test_a_peer_leaving_after_its_goodbye_is_not_a_rejection(local_ipc):
+    net = Network("zmq")
+    try:
+        t0, t1, t2 = net.open(3, local_ipc=local_ipc)
+        t1.send(0, tensor_msg())
+        t2.send(0, tensor_msg())
+        t0.recv(src=1)
+        t0.recv(src=2)
+        t1.shutdown(timeout=0.1, flush=1.0)  # says goodbye to 0, leaves without waiting for 0's
+        with pytest.raises(PeerTimeout):
+            t0.recv(timeout=0.2 + monitor.GRACE_S)  # long enough to judge the disconnect
+        assert t0.departed == {1} and t0.stats.messages_rejected == 0, t0.stats.rejections
+        t2.close()  # leaves without a goodbye: it may have died mid-message
+        with pytest.raises(PeerTimeout, match="closed without a goodbye"):
+            t0.recv(timeout=0.2 + monitor.GRACE_S)
+        assert t0.stats.messages_rejected == 1
+        assert "last heard from peer 2" in t0.stats.rejections[0]
     finally:
         net.close()
 

@@ -1,0 +1,180 @@
+"""Per-run curves from the peers' metrics, time to a target loss, and the summary table.
+
+A run's round ``r`` counts once every peer has finished it: its time is the latest peer's
+wall clock then, measured from the moment the last peer started training (process start-up
+is not part of the algorithm). Its loss is the sample-weighted mean over the peers of the
+round's mini-batch losses, smoothed by a trailing moving average; bytes are the mean
+per peer; accuracy the mean over peers of each local model's test accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from gossip.errors import ConfigError
+from gossip.metrics import read_jsonl
+
+
+@dataclass
+class Curve:
+    """One run, aggregated over its peers, one entry per round finished by all."""
+
+    name: str
+    label: str  # strategy as a reader knows it, e.g. "nonblocking(dpsgd)"
+    family: str  # runs of one family differ only by blocking vs non-blocking (same colour)
+    nonblocking: bool
+    rounds: np.ndarray
+    time: np.ndarray  # seconds
+    loss: np.ndarray  # smoothed
+    raw_loss: np.ndarray
+    accuracy: np.ndarray
+    bytes_sent: np.ndarray  # mean per peer, cumulative
+    avg_accuracy: float | None  # test accuracy of the peers' average model, last measured
+    minibatch_share: float  # finished / planned mini-batches over the run
+
+    def time_to(self, target: float) -> float | None:
+        """Seconds until the smoothed loss first reached ``target`` (None: never)."""
+        hit = np.nonzero(self.loss <= target)[0]
+        return float(self.time[hit[0]]) if hit.size else None
+
+
+def run_dirs(path: Path) -> list[Path]:
+    """The run directories under ``path`` in experiment order (``path`` itself if it is
+    one run's directory)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such directory")
+    if any(path.glob("peer-*.jsonl")):
+        return [path]
+    order: list[str] = []
+    spec = path / "experiment.yaml"
+    if spec.exists():
+        order = [r.get("name") for r in (yaml.safe_load(spec.read_text()) or {}).get("runs", [])
+                 if isinstance(r, dict)]
+    found = {d.name: d for d in path.iterdir() if d.is_dir() and any(d.glob("peer-*.jsonl"))}
+    if not found:
+        raise ConfigError(f"{path}: no run directories (with peer-R.jsonl files) in it")
+    return [found[n] for n in order if n in found] + sorted(
+        d for n, d in found.items() if n not in order)
+
+
+def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
+    """Aggregate one run directory's ``peer-R.jsonl`` files."""
+    config = _config(run_dir)
+    files = sorted(run_dir.glob("peer-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+    peers = [read_jsonl(f) for f in files]
+    peers = [records for records in peers if records]
+    if not peers:
+        raise ConfigError(f"{run_dir}: no metrics recorded")
+    n = min(len(records) for records in peers)
+    rows = [[records[i] for records in peers] for i in range(n)]
+    if all("wall" in r for r in rows[0]):
+        origin = max(r["wall"] - r["time"] for r in rows[0])
+        time = np.array([max(r["wall"] for r in row) - origin for row in rows])
+    else:  # older runs without wall clock: per-peer clocks, the slowest peer counts
+        time = np.array([max(r["time"] for r in row) for row in rows])
+    raw = np.array([_weighted_loss(row) for row in rows])
+    train = config.get("train", {})
+    planned = train.get("minibatches", 1) * len(peers) * n
+    finished = sum(r.get("minibatches", train.get("minibatches", 1)) for row in rows for r in row)
+    strategy = train.get("strategy", "?")
+    options = train.get("options") or {}
+    inner = options.get("inner", "ring-allreduce") if strategy == "nonblocking" else strategy
+    family_options = options.get("inner_options") if strategy == "nonblocking" else options
+    family = inner + (json.dumps(family_options, sort_keys=True) if family_options else "")
+    family += f"@{config['netns']['rate']}" if config.get("netns") else ""
+    avg = [r["avg_accuracy"] for row in rows for r in row[:1] if r.get("avg_accuracy") is not None]
+    return Curve(
+        name=run_dir.name,
+        label=f"nonblocking({inner})" if strategy == "nonblocking" else strategy,
+        family=family,
+        nonblocking=strategy == "nonblocking",
+        rounds=np.arange(n),
+        time=time,
+        loss=_moving_average(raw, smooth),
+        raw_loss=raw,
+        accuracy=np.array([np.mean([r["accuracy"] for r in row]) for row in rows]),
+        bytes_sent=np.array([np.mean([r["bytes_sent"] for r in row]) for row in rows]),
+        avg_accuracy=avg[-1] if avg else None,
+        minibatch_share=finished / planned if planned else 1.0,
+    )
+
+
+def _config(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
+def _weighted_loss(row: Sequence[dict]) -> float:
+    """Mean loss over the samples all peers finished in one round (nan if none)."""
+    total = weight = 0.0
+    for r in row:
+        w = r.get("samples", 1)
+        if r.get("loss") is not None and w:
+            total += r["loss"] * w
+            weight += w
+    return total / weight if weight else math.nan
+
+
+def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` finite values (nan ignored)."""
+    out = np.empty_like(values)
+    for i in range(values.size):
+        chunk = values[max(0, i - window + 1):i + 1]
+        chunk = chunk[np.isfinite(chunk)]
+        out[i] = chunk.mean() if chunk.size else math.nan
+    return out
+
+
+def summarize(curves: Sequence[Curve], *, target: float | None,
+              baselines: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """One row per run: final figures, time to ``target`` and speed-ups vs ``baselines``."""
+    reached = {c.name: c.time_to(target) if target is not None else None for c in curves}
+    rows = []
+    for c in curves:
+        row = {
+            "run": c.name,
+            "strategy": c.label,
+            "rounds": int(c.rounds.size),
+            "loss": float(c.loss[-1]),
+            "accuracy": float(c.accuracy[-1]),
+            "MB sent": float(c.bytes_sent[-1]) / 1e6,
+            "minibatches %": 100.0 * c.minibatch_share,
+            "time s": float(c.time[-1]),
+        }
+        if target is not None:
+            row[f"time to {target:g} s"] = reached[c.name]
+            for base in baselines:
+                mine, theirs = reached[c.name], reached.get(base)
+                row[f"speed-up vs {base}"] = (theirs / mine if mine and theirs else None)
+        rows.append(row)
+    return rows
+
+
+def format_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """A plain-text table; missing values (never reached) show as '-'."""
+    if not rows:
+        return "(no runs)"
+    columns = list(rows[0])
+    cells = [[_cell(row.get(col)) for col in columns] for row in rows]
+    widths = [max(len(col), *(len(line[i]) for line in cells)) for i, col in enumerate(columns)]
+    lines = ["  ".join(col.rjust(w) for col, w in zip(columns, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)

@@ -1,0 +1,61 @@
+"""The plot step: figures, summary.json and the time-to-target table of a run directory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import yaml
+
+from gossip.errors import ConfigError
+from gossip.experiment.analysis import format_rows, load_curve, run_dirs, summarize
+from gossip.experiment.plots import plot_curves
+
+
+def report(path: str | Path, *, target: float | None = None,
+           baselines: Sequence[str] | None = None, smooth: int | None = None,
+           echo: Callable[[str], None] = print) -> list[dict]:
+    """Plot every run under ``path`` and print its table; returns the table's rows.
+
+    ``target``, ``baselines`` and ``smooth`` default to the experiment file's
+    (``path/experiment.yaml``) ``target_loss``, ``baseline`` and ``smooth``; baselines of
+    the file that have not run (a partial run) are left out, named ones must exist.
+    """
+    path = Path(path)
+    spec = _experiment_settings(path)
+    target = target if target is not None else spec.get("target_loss")
+    smooth = smooth or spec.get("smooth") or 10
+    curves = []
+    for run_dir in run_dirs(path):
+        try:
+            curves.append(load_curve(run_dir, smooth=smooth))
+        except ConfigError as exc:  # e.g. a run that failed before its first round
+            echo(f"skipped: {exc}")
+    if not curves:
+        raise ConfigError(f"{path}: no run has recorded a round yet")
+    names = [c.name for c in curves]
+    if baselines:
+        for base in baselines:
+            if base not in names:
+                raise ConfigError(f"--baseline: no run {base!r}; runs: {', '.join(names)}")
+    else:
+        listed = spec.get("baseline") or ()
+        baselines = [b for b in ((listed,) if isinstance(listed, str) else listed)
+                     if b in names]
+    rows = summarize(curves, target=target, baselines=baselines)
+    title = spec.get("name") or path.name
+    figures = plot_curves(curves, path, target=target, title=title, smooth=smooth)
+    table = format_rows(rows)
+    (path / "table.txt").write_text(table + "\n")
+    (path / "summary.json").write_text(json.dumps(
+        {"target_loss": target, "baselines": list(baselines), "smooth": smooth, "runs": rows},
+        indent=1))
+    echo(table)
+    echo("figures: " + ", ".join(str(f) for f in figures))
+    return rows
+
+
+def _experiment_settings(path: Path) -> dict:
+    spec = path / "experiment.yaml"
+    return (yaml.safe_load(spec.read_text()) or {}) if spec.exists() else {}

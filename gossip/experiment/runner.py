@@ -1,0 +1,112 @@
+"""Run every run of an experiment, one after the other, each as a `gossip launch` would."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from gossip import launch as launcher
+from gossip.errors import ConfigError, GossipError
+from gossip.experiment.spec import Experiment, Run
+from gossip.netutil import free_ports
+
+
+def check_runs(experiment: Experiment) -> None:
+    """Everything that can be checked before a peer starts: graphs, topology files, link
+    rates, per-rank delays (ConfigError naming the run)."""
+    from gossip.cluster import parse_rate
+
+    for run in experiment.runs:
+        try:
+            topology = _topology(run)
+            run.config.delays.check_ranks(topology.size)
+            if run.rate is not None:
+                parse_rate(run.rate)
+        except ConfigError as exc:
+            raise ConfigError(f"run {run.name}: {exc}") from None
+
+
+def run_experiment(experiment: Experiment, out: Path, *, only: tuple[str, ...] = (),
+                   echo: Callable[[str], None] = print, progress: bool = True) -> list[str]:
+    """Run the experiment's runs (or those named in ``only``) into ``out/<name>/``.
+
+    Writes ``out/experiment.yaml`` (the experiment file as given). A run that fails is
+    reported and the next one starts; returns the names of the failed runs.
+    """
+    check_runs(experiment)
+    for name in only:
+        experiment.run(name)  # ConfigError naming the runs
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.yaml").write_text(yaml.safe_dump(dict(experiment.source),
+                                                        sort_keys=False))
+    failed = []
+    for run in experiment.runs:
+        if only and run.name not in only:
+            continue
+        try:
+            seconds = launch_run(run, out / run.name, echo=echo, progress=progress)
+        except (launcher.LaunchFailed, GossipError) as exc:  # e.g. no netns without root
+            echo(f"run {run.name} failed: {exc}; logs in {out / run.name}")
+            failed.append(run.name)
+        else:
+            echo(f"run {run.name}: done in {seconds:.1f} s")
+    return failed
+
+
+def launch_run(run: Run, run_dir: Path, *, echo: Callable[[str], None] = print,
+               progress: bool = True) -> float:
+    """Start the run's peers (in a virtual cluster when it has a rate), show one progress
+    bar, wait for all; returns the seconds it took.
+
+    Raises:
+        LaunchFailed: a peer exited non-zero (the others were stopped).
+    """
+    from tqdm import tqdm
+
+    topology = _topology(run)
+    cluster = None
+    if run.rate is not None:
+        from gossip.cluster import VirtualCluster
+
+        cluster = VirtualCluster(topology.size, rate=run.rate)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob("peer-*.jsonl"):  # a re-run must not mix with old records
+        stale.unlink()
+    start = time.monotonic()
+    with cluster or contextlib.nullcontext():
+        if cluster:
+            topology = cluster.relocate(topology)
+        ranks = list(range(topology.size)) if cluster else launcher.local_ranks(topology)
+        topology.to_yaml(run_dir / "topology.yaml")
+        netns = {"netns": {"rate": str(cluster.rate)}} if cluster else {}
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(
+            {"train": run.config.to_dict(), "topology": topology.to_dict(), "ranks": ranks,
+             "run": run.name, **netns}, sort_keys=False))
+        procs = launcher.start_peers(ranks, run_dir,
+                                     ["--topology", str(run_dir / "topology.yaml"),
+                                      "--config", str(run_dir / "config.yaml")],
+                                     wrap=cluster.command if cluster else None)
+        label = run.name + (f" @{cluster.rate}" if cluster else "")
+        with tqdm(total=run.config.rounds * len(ranks), unit="round", desc=label,
+                  disable=not progress) as bar:
+            launcher.watch(procs, on_progress=lambda done: bar.update(done - bar.n))
+    return time.monotonic() - start
+
+
+def _topology(run: Run):
+    from gossip.topology import Topology
+
+    if run.topology is not None:
+        return Topology.from_yaml(run.topology)
+    params = {k: v for k, v in run.graph.items() if k != "kind"}
+    topology = Topology.generate(run.graph["kind"], run.peers, **params)
+    return topology.relocated(ports=free_ports(topology.size))
+
+
+def default_out(experiment: Experiment) -> Path:
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{experiment.name}"
+

@@ -1,0 +1,164 @@
+"""Non-blocking SGD (He & Dube, arXiv 2211.00889): combine whatever mini-batches are done.
+
+Each round a peer computes up to ``b`` mini-batches (the training loop drives them). The
+first peer to finish all ``b`` broadcasts STOP(round) to every peer; the others finish the
+mini-batch they are computing and stop, so fast peers never wait for a straggler's whole
+batch. Then the inner strategy combines the finished work, weighted by samples:
+
+* gradient inner (``ring-allreduce``): all-reduce ``[acc, c]`` (one extra element) and step
+  along ``A / C`` -- the mean gradient over every mini-batch finished anywhere, identical
+  on all peers;
+* gossip inner (``dpsgd``, ``matcha``): each peer steps along ``acc / c``, the mean gradient
+  of the samples it finished (an unbiased local estimate, not shrunk for stragglers), then
+  mixes parameters as the inner strategy does.
+
+A peer that finished nothing (``c = 0``) still joins the exchange: it sends zeros (all-reduce)
+or its unchanged parameters (gossip), so nobody deadlocks. With no stragglers every peer
+finishes ``b`` and this is exactly blocking SGD with a batch of ``b`` mini-batches.
+See ``shared/specs/nonblocking.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from gossip.errors import ConfigError, PeerTimeout
+from gossip.strategies.allreduce import RingAllReduce
+from gossip.strategies.base import STRATEGIES, Strategy, check_options, create_strategy
+from gossip.transport import Message
+
+# STOP(round) messages that arrive after their round ended are drained this many rounds back.
+_DRAIN_ROUNDS = 3
+
+
+@STRATEGIES.register("nonblocking")
+class NonBlocking(Strategy):
+    """Wraps a strategy so that each round combines only the mini-batches finished in time.
+
+    Args:
+        inner: The strategy that combines: ``ring-allreduce`` or a gossip (``params``)
+            strategy such as ``dpsgd`` or ``matcha``.
+        inner_options: Options of the inner strategy, e.g. ``{budget: 0.5}`` for matcha.
+        tag: Prefix of the STOP message kind, distinct per instance sharing a transport.
+    """
+
+    def __init__(self, *, rank, topology, transport, inner: str = "ring-allreduce",
+                 inner_options: Mapping[str, Any] | None = None, tag: str = "nb"):
+        super().__init__(rank=rank, topology=topology, transport=transport)
+        self.validate_options({"inner": inner, "inner_options": inner_options})
+        self.inner = create_strategy(inner, rank=rank, topology=topology, transport=transport,
+                                     options=inner_options)
+        if self.inner.operates_on == "grads" and type(self.inner) is not RingAllReduce:
+            # The count travels as one extra element: only an exact mean keeps it exact.
+            raise ConfigError(f"nonblocking: inner: {inner!r} with these options is not an "
+                              f"exact all-reduce; wrap the plain ring-allreduce or a gossip "
+                              f"strategy")
+        self.operates_on = self.inner.operates_on
+        self.stop_kind = f"{tag}.stop"
+        self._stopped = -1  # latest round whose STOP we have seen (or sent)
+        self._drained_at = -1  # the round that last drained late STOPs
+
+    @staticmethod
+    def validate_options(options: Mapping[str, Any]) -> None:
+        """Check ``inner`` and ``inner_options`` before any peer starts (ConfigError)."""
+        inner = options.get("inner", "ring-allreduce")
+        if not isinstance(inner, str):
+            raise ConfigError(f"nonblocking: inner: expected a strategy name, got {inner!r}")
+        try:
+            factory = STRATEGIES.get(inner)
+        except ConfigError as exc:  # it lists the strategies
+            raise ConfigError(f"nonblocking: inner: {exc}") from None
+        if factory is NonBlocking:
+            raise ConfigError("nonblocking: inner: cannot wrap nonblocking itself")
+        inner_options = options.get("inner_options") or {}
+        if not isinstance(inner_options, Mapping):
+            raise ConfigError(f"nonblocking: inner_options: expected a mapping, got "
+                              f"{inner_options!r}")
+        if inner == "ring-allreduce" and inner_options.get("compressor") not in (None, "none"):
+            raise ConfigError("nonblocking: inner_options: compressor: the all-reduce of "
+                              "[gradient sum, count] must be exact")
+        try:
+            check_options(inner, inner_options)
+        except ConfigError as exc:
+            raise ConfigError(f"nonblocking: inner_options: {exc}") from None
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (*self.inner.kinds, self.stop_kind)
+
+    # -- the STOP signal ------------------------------------------------------------------
+    def stop_requested(self, round: int) -> bool:
+        """Whether some peer has finished all its mini-batches of ``round``; never blocks."""
+        self._drain(round)
+        if self._stopped == round:
+            return True
+        try:
+            self.transport.recv(kind=self.stop_kind, round=round, timeout=0)
+        except PeerTimeout:
+            return False
+        self._stopped = round
+        return True
+
+    def request_stop(self, round: int) -> None:
+        """Tell every peer that ``round`` can be combined (this peer finished its batch).
+
+        Sent to all peers, not only graph neighbours, so every peer closes the round at the
+        same point. Skipped when a STOP for ``round`` was already seen: duplicates are
+        harmless, only wasted bytes.
+        """
+        if self._stopped == round:
+            return
+        self._stopped = round
+        msg = Message(kind=self.stop_kind, round=round)
+        for dst in range(self.size):
+            if dst != self.rank:
+                self.transport.send(dst, msg)
+
+    def _drain(self, round: int) -> None:
+        """Discard STOPs of the last few rounds, once per round: several peers may finish
+        at once, and unclaimed messages would pile up in the transport's buffer, which
+        every recv scans."""
+        if self._drained_at == round:
+            return
+        self._drained_at = round
+        for old in range(max(round - _DRAIN_ROUNDS, 0), round):
+            while True:
+                try:
+                    self.transport.recv(kind=self.stop_kind, round=old, timeout=0)
+                except PeerTimeout:
+                    break
+
+    # -- combining ------------------------------------------------------------------------
+    def synchronize(self, x: torch.Tensor, round: int, *, out: torch.Tensor | None = None,
+                    count: float = 1.0) -> torch.Tensor:
+        """Combine this peer's finished work of ``round``.
+
+        Gradient inner: ``x`` is the sum of the ``count`` finished mini-batch gradients;
+        returns the sum over peers divided by the total count (the same on every peer;
+        zeros if no peer finished anything). With the default ``count = 1`` on every peer
+        this is the plain mean. Gossip inner: ``x`` are the parameters after the local step
+        (see ``local_scale``); returns the inner strategy's mix (``count`` is not needed).
+        """
+        if self.operates_on == "params":
+            return self.inner.synchronize(x, round, out=out)
+        flat = x.reshape(-1)
+        extended = torch.empty(flat.numel() + 1, dtype=flat.dtype)
+        extended[:-1].copy_(flat)
+        extended[-1] = count
+        mean = self.inner.synchronize(extended, round, out=extended)
+        total = mean[-1].item()
+        dest = self._output(x, out)
+        if total > 0:
+            torch.div(mean[:-1], total, out=dest)
+        else:
+            dest.zero_()
+        return dest.view_as(x)
+
+    @staticmethod
+    def local_scale(count: int) -> float:
+        """Gossip inner: factor turning the summed gradients of ``count`` finished
+        mini-batches into this peer's step direction (their mean; 0 when none)."""
+        return 1.0 / count if count > 0 else 0.0

@@ -1,0 +1,608 @@
+"""MATCHA: matching decomposition, activation probabilities, mixing weight and schedule.
+
+The base graph is split into matchings (a proper edge colouring, identical on every peer).
+Matching j is active in round k with probability p_j, independently; the p_j maximise the
+algebraic connectivity of the expected Laplacian under a communication budget, and the
+mixing weight alpha minimises ``rho = ||E[W^T W] - J||_2`` for ``W(k) = I - alpha L(k)``.
+Activations are a pure function of ``(seed, round)``, so peers agree without messages.
+Wang, Sahu, Yang, Joshi, Kar: "MATCHA: Speeding Up Decentralized SGD via Matching
+Decomposition Sampling", arXiv 1905.09435.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import numbers
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import numpy as np
+from scipy import linalg
+
+from gossip.errors import ConfigError, TopologyError
+
+Edge = tuple[int, int]
+Matching = tuple[Edge, ...]
+
+# Exact Delta-colouring search gives up after this many colour assignments (deterministic,
+# unlike a time limit) and falls back to Misra-Gries' Delta+1 colours.
+_SEARCH_STEPS = 20_000
+_SEARCH_WORK = 5_000_000
+# Barrier method: stop once the duality gap bound nu/tau is below this (objective accuracy).
+_GAP = 1e-9
+# Barrier weight growth per centring: fewer centrings vs more Newton steps each.
+_TAU_GROWTH = 16.0
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+# Peers running as threads of one process would all solve the same problem at once.
+_PLAN_LOCK = threading.Lock()
+
+
+# -- matching decomposition ---------------------------------------------------------------
+
+
+def decompose(edges: Iterable[Sequence[int]]) -> tuple[Matching, ...]:
+    """Partition ``edges`` into matchings by a proper edge colouring.
+
+    Uses Delta colours (Delta = max degree) when it can prove or find them: always for
+    bipartite graphs (Koenig), otherwise by a bounded exact search; else Misra-Gries'
+    Delta+1. Deterministic: edges are canonicalised (``a < b``, sorted) first, and the
+    result is sorted (pairs within a matching, then matchings lexicographically).
+
+    Raises:
+        TopologyError: a self-loop or a duplicate edge.
+    """
+    canon = _canonical_edges(edges)
+    if not canon:
+        return ()
+    size = max(b for _, b in canon) + 1
+    degree = [0] * size
+    for a, b in canon:
+        degree[a] += 1
+        degree[b] += 1
+    delta = max(degree)
+    graph = nx.Graph(canon)
+    if nx.is_bipartite(graph):
+        colours = _bipartite_colouring(size, canon, delta)
+    elif size % 2 == 0 and len(canon) == size * (size - 1) // 2:
+        colours = _round_robin(size, canon)
+    else:
+        colours = None
+        # An overfull graph (more edges than Delta matchings can hold) needs Delta+1.
+        if len(canon) <= delta * (size // 2):
+            steps = min(_SEARCH_STEPS, _SEARCH_WORK // len(canon))  # a step costs O(edges)
+            colours = _search_colouring(size, canon, delta, steps)
+        if colours is None:
+            colours = _misra_gries(size, canon, delta + 1)
+    groups: dict[int, list[Edge]] = {}
+    for edge, colour in zip(canon, colours):
+        groups.setdefault(colour, []).append(edge)
+    return tuple(sorted(tuple(sorted(group)) for group in groups.values()))
+
+
+def _canonical_edges(edges: Iterable[Sequence[int]]) -> list[Edge]:
+    seen: set[Edge] = set()
+    for edge in edges:
+        a, b = (int(v) for v in edge)
+        if a == b:
+            raise TopologyError(f"self-loop on rank {a}")
+        key = (min(a, b), max(a, b))
+        if key in seen:
+            raise TopologyError(f"duplicate edge {key[0]}-{key[1]}")
+        seen.add(key)
+    return sorted(seen)
+
+
+def _bipartite_colouring(size: int, edges: list[Edge], delta: int) -> list[int]:
+    """Delta colours for a bipartite graph: swap an alternating path when colours clash."""
+    at: list[dict[int, int]] = [{} for _ in range(size)]  # vertex -> {colour: neighbour}
+
+    def free(v: int) -> int:
+        return next(c for c in range(delta) if c not in at[v])
+
+    for u, v in edges:
+        a, b = free(u), free(v)
+        if a in at[v]:
+            # The a/b path from v cannot reach u in a bipartite graph: swapping it frees a at v.
+            _swap_path(at, v, a, b)
+        at[u][a], at[v][a] = v, u
+    return [next(c for c, w in at[a].items() if w == b) for a, b in edges]
+
+
+def _round_robin(size: int, edges: list[Edge]) -> list[int]:
+    """The complete graph on an even number of vertices: P-1 perfect matchings (circle
+    method: vertex P-1 stays put, the others rotate)."""
+    colour: dict[Edge, int] = {}
+    ring = size - 1
+    for r in range(ring):
+        colour[(r, ring)] = r
+        for i in range(1, size // 2):
+            a, b = (r + i) % ring, (r - i) % ring
+            colour[(min(a, b), max(a, b))] = r
+    return [colour[edge] for edge in edges]
+
+
+def _swap_path(at: list[dict[int, int]], start: int, first: int, second: int) -> None:
+    """Swap colours ``first`` and ``second`` on the maximal path from ``start`` that begins
+    with a ``first`` edge and alternates."""
+    path, colour, here = [start], first, start
+    while colour in at[here]:
+        here = at[here][colour]
+        path.append(here)
+        colour = second if colour == first else first
+    colour = first
+    pairs = []
+    for x, y in itertools.pairwise(path):
+        pairs.append((x, y, colour))
+        colour = second if colour == first else first
+    for x, y, c in pairs:
+        del at[x][c], at[y][c]
+    for x, y, c in pairs:
+        other = second if c == first else first
+        at[x][other], at[y][other] = y, x
+
+
+def _misra_gries(size: int, edges: list[Edge], k: int) -> list[int]:
+    """Misra-Gries edge colouring with ``k = Delta + 1`` colours."""
+    at: list[dict[int, int]] = [{} for _ in range(size)]
+
+    def free(v: int) -> int:
+        return next(c for c in range(k) if c not in at[v])
+
+    def colour_of(x: int, y: int) -> int:
+        return next(c for c, w in at[x].items() if w == y)
+
+    for u, v in edges:
+        # Maximal fan of u: (u, fan[0]) uncoloured, colour(u, fan[i+1]) free on fan[i].
+        fan, in_fan = [v], {v}
+        extended = True
+        while extended:
+            extended = False
+            for c in range(k):
+                w = at[u].get(c)
+                if c not in at[fan[-1]] and w is not None and w not in in_fan:
+                    fan.append(w)
+                    in_fan.add(w)
+                    extended = True
+                    break
+        c, d = free(u), free(fan[-1])
+        if d in at[u]:
+            _swap_path(at, u, d, c)  # afterwards d is free on u
+        # A fan prefix whose end has d free exists (Misra & Gries 1992).
+        end = None
+        for i, w in enumerate(fan):
+            if i > 0 and colour_of(u, w) in at[fan[i - 1]]:
+                break  # the prefix stops being a fan here
+            if d not in at[w]:
+                end = i
+                break
+        if end is None:
+            raise AssertionError(f"Misra-Gries found no fan end for edge {u}-{v}")
+        # Rotate: (u, fan[i]) takes the colour of (u, fan[i+1]); (u, fan[end]) gets d.
+        for i in range(end):
+            nxt = colour_of(u, fan[i + 1])
+            del at[u][nxt], at[fan[i + 1]][nxt]
+            at[u][nxt], at[fan[i]][nxt] = fan[i], u
+        at[u][d], at[fan[end]][d] = fan[end], u
+    return [colour_of(a, b) for a, b in edges]
+
+
+def _search_colouring(size: int, edges: list[Edge], k: int, max_steps: int) -> list[int] | None:
+    """Exact k-edge-colouring by backtracking (most constrained edge first, colours used in
+    order of first use to skip symmetric relabellings); None if not found in ``max_steps``."""
+    full = (1 << k) - 1
+    mask = [0] * size
+    colour = [-1] * len(edges)
+    stack: list[tuple[int, list[int], int]] = []  # (edge, colours left to try, max used before)
+    max_used, steps = -1, 0
+
+    def choose() -> tuple[int, list[int]] | None:
+        best, best_avail, best_count = None, 0, k + 1
+        allowed = full & ((1 << (max_used + 2)) - 1)
+        for e, (a, b) in enumerate(edges):
+            if colour[e] < 0:
+                avail = allowed & ~(mask[a] | mask[b])
+                count = avail.bit_count()
+                if count < best_count:
+                    best, best_avail, best_count = e, avail, count
+                    if not count:
+                        break
+        if best is None:
+            return None
+        return best, [c for c in range(k) if best_avail >> c & 1]
+
+    picked = choose()
+    if picked is None:
+        return []
+    stack.append((picked[0], picked[1], max_used))
+    while stack:
+        e, options, before = stack[-1]
+        a, b = edges[e]
+        if colour[e] >= 0:  # undo the previous try of this edge
+            mask[a] &= ~(1 << colour[e])
+            mask[b] &= ~(1 << colour[e])
+            colour[e] = -1
+        max_used = before
+        if not options:
+            stack.pop()
+            continue
+        steps += 1
+        if steps > max_steps:
+            return None
+        c = options.pop(0)
+        colour[e] = c
+        mask[a] |= 1 << c
+        mask[b] |= 1 << c
+        max_used = max(before, c)
+        picked = choose()
+        if picked is None:
+            return colour
+        stack.append((picked[0], picked[1], max_used))
+    return None
+
+
+# -- spectral optimisation ----------------------------------------------------------------
+
+
+def matching_laplacians(size: int, matchings: Sequence[Matching]) -> np.ndarray:
+    """``[M, P, P]`` Laplacians of the matchings (each has eigenvalues 0 and 2)."""
+    out = np.zeros((len(matchings), size, size))
+    for j, matching in enumerate(matchings):
+        for a, b in matching:
+            out[j, a, a] += 1.0
+            out[j, b, b] += 1.0
+            out[j, a, b] -= 1.0
+            out[j, b, a] -= 1.0
+    return out
+
+
+def _complement_basis(size: int) -> np.ndarray:
+    """Orthonormal ``P x (P-1)`` basis of the vectors orthogonal to the all-ones vector."""
+    # QR of [1, e_0, ..., e_{P-2}] (full rank): the first column is along 1, the rest span 1-perp.
+    q, _ = np.linalg.qr(np.column_stack([np.ones(size), np.eye(size)[:, : size - 1]]))
+    return q[:, 1:]
+
+
+def optimal_probabilities(laplacians: np.ndarray, total: float) -> np.ndarray:
+    """Maximise ``lambda_2(sum_j p_j L_j)`` s.t. ``sum_j p_j <= total``, ``0 <= p_j <= 1``.
+
+    ``lambda_2`` of a Laplacian is the smallest eigenvalue on the complement of the ones
+    vector, a concave function of p; the problem is the SDP ``max t s.t.
+    sum_j p_j A_j - t I >= 0`` (``A_j`` = ``L_j`` restricted to that complement), solved by a
+    log-barrier interior-point method with damped Newton steps to a duality gap below
+    1e-9. At ``total >= M`` every ``p_j = 1`` is optimal (``lambda_2`` is monotone in p).
+    """
+    count, size = laplacians.shape[0], laplacians.shape[1]
+    if count == 0 or total >= count:
+        return np.ones(count)
+    basis = _complement_basis(size)
+    reduced = np.einsum("pi,mpq,qj->mij", basis, laplacians, basis)
+    dim = size - 1
+    p = np.full(count, 0.5 * total / count)
+    t = np.linalg.eigvalsh(np.tensordot(p, reduced, axes=1))[0] - 1.0
+    z = np.append(p, t)
+    nu = dim + 2 * count + 1  # barrier parameter: bounds the gap by nu / tau
+    tau = 1.0
+    while True:
+        z = _centre(z, tau, reduced, total)
+        if nu / tau < _GAP:
+            break
+        tau *= _TAU_GROWTH
+    return np.clip(z[:count], 0.0, 1.0)
+
+
+def _barrier_parts(z: np.ndarray, reduced: np.ndarray, total: float):
+    """Gradient and Hessian of the barrier, or None outside its domain."""
+    count = reduced.shape[0]
+    p, t = z[:count], z[count]
+    slack = total - p.sum()
+    if np.any(p <= 0.0) or np.any(p >= 1.0) or slack <= 0.0:
+        return None
+    f = np.tensordot(p, reduced, axes=1) - t * np.eye(reduced.shape[1])
+    try:
+        chol = np.linalg.cholesky(f)
+    except np.linalg.LinAlgError:
+        return None
+    # K_i = R^-1 F_i R^-T: -log det F has gradient -tr(K_i) and Hessian <K_i, K_j>.
+    dim = reduced.shape[1]
+    mats = np.concatenate([reduced, -np.eye(dim)[None]], axis=0)  # [M+1, d, d]
+    # Two triangular solves on the matrices side by side: R^-1 F_i, then R^-1 (R^-1 F_i)^T.
+    half = linalg.solve_triangular(chol, mats.transpose(1, 0, 2).reshape(dim, -1), lower=True)
+    half = half.reshape(dim, len(mats), dim).transpose(2, 1, 0).reshape(dim, -1)
+    ks = linalg.solve_triangular(chol, half, lower=True).reshape(dim, len(mats), dim)
+    ks = ks.transpose(1, 0, 2)
+    flat = ks.reshape(len(ks), -1)
+    grad = -np.einsum("kii->k", ks)
+    hess = flat @ flat.T
+    # Bounds 0 < p < 1 and the budget sum(p) < total.
+    grad[:count] += -1.0 / p + 1.0 / (1.0 - p) + 1.0 / slack
+    hess[:count, :count] += np.diag(1.0 / p**2 + 1.0 / (1.0 - p) ** 2) + 1.0 / slack**2
+    return grad, hess
+
+
+def _centre(z: np.ndarray, tau: float, reduced: np.ndarray, total: float) -> np.ndarray:
+    """Minimise ``-tau t + barrier`` by damped Newton steps (self-concordant: the step
+    ``1 / (1 + decrement)`` stays feasible, a full step converges quadratically)."""
+    count = reduced.shape[0]
+    previous = math.inf
+    parts = _barrier_parts(z, reduced, total)
+    for _ in range(100):
+        grad, hess = parts
+        grad = grad.copy()
+        grad[count] -= tau
+        scale = 1.0 / np.sqrt(np.diag(hess))  # Jacobi scaling: entries reach 1/p^2
+        step = -scale * np.linalg.solve(hess * scale[:, None] * scale[None, :], grad * scale)
+        decrement = math.sqrt(max(float(-grad @ step), 0.0))
+        # Close enough to the central path, or stalled on rounding (which grows with tau).
+        if decrement < 1e-8 or (decrement < 1e-4 and decrement > 0.5 * previous):
+            break
+        previous = decrement
+        size = 1.0 if decrement < 0.25 else 1.0 / (1.0 + decrement)
+        while (trial := _barrier_parts(z + size * step, reduced, total)) is None:
+            size *= 0.5  # only rounding can leave the domain
+            if size < 1e-12:
+                return z
+        z, parts = z + size * step, trial
+    return z
+
+
+def expected_matrices(laplacians: np.ndarray, probabilities: np.ndarray):
+    """``(L_bar, V)``: mean ``sum p_j L_j`` and variance part ``sum p_j (1 - p_j) L_j``."""
+    mean = np.tensordot(probabilities, laplacians, axes=1)
+    var = np.tensordot(probabilities * (1.0 - probabilities), laplacians, axes=1)
+    return mean, var
+
+
+def gram(alpha: float, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """``E[W^T W] = I - 2 alpha L_bar + alpha^2 (L_bar^2 + 2 V)`` (uses ``L_j^2 = 2 L_j``)."""
+    size = mean.shape[0]
+    return np.eye(size) - 2.0 * alpha * mean + alpha**2 * (mean @ mean + 2.0 * var)
+
+
+def rho(alpha: float, mean: np.ndarray, var: np.ndarray) -> float:
+    """``||E[W^T W] - J||_2`` at ``alpha``."""
+    size = mean.shape[0]
+    eig = np.linalg.eigvalsh(gram(alpha, mean, var) - np.full((size, size), 1.0 / size))
+    return float(max(abs(eig[0]), abs(eig[-1])))
+
+
+def optimal_alpha(mean: np.ndarray, var: np.ndarray) -> tuple[float, float]:
+    """``(alpha, rho)`` minimising ``rho(alpha)`` over ``alpha >= 0``.
+
+    ``E[W^T W] - J`` is PSD (it is ``E[W^T W]`` on the complement of the ones vector and 0 on
+    it), so its norm is its largest eigenvalue: a maximum of convex quadratics in alpha,
+    hence convex, and the same optimum as the spec's SDP (whose ``b = a^2`` at optimum).
+    ``rho(0) = 1`` and ``rho(alpha) >= (1 - alpha lambda_max)^2 >= 1`` beyond
+    ``2 / lambda_max``, so golden-section search on that bracket finds the minimum.
+    """
+    size = mean.shape[0]
+    if size < 2:
+        return 0.0, 0.0
+    top = float(np.linalg.eigvalsh(mean)[-1])
+    if top <= 0.0:
+        return 0.0, rho(0.0, mean, var)
+    lo, hi = 0.0, 2.0 / top
+    x1, x2 = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
+    f1, f2 = rho(x1, mean, var), rho(x2, mean, var)
+    while hi - lo > 1e-13 * (1.0 + hi):
+        if f1 <= f2:
+            hi, x2, f2 = x2, x1, f1
+            x1 = hi - _GOLDEN * (hi - lo)
+            f1 = rho(x1, mean, var)
+        else:
+            lo, x1, f1 = x1, x2, f2
+            x2 = lo + _GOLDEN * (hi - lo)
+            f2 = rho(x2, mean, var)
+    alpha = x1 if f1 <= f2 else x2
+    return float(alpha), float(min(f1, f2))
+
+
+# -- the plan -----------------------------------------------------------------------------
+
+
+def check_budget(budget: Any) -> float:
+    """``budget`` as a float in (0, 1]; else ConfigError naming it."""
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real) or not (
+            0.0 < float(budget) <= 1.0):
+        raise ConfigError(f"budget: MATCHA's communication budget must be in (0, 1], "
+                          f"got {budget!r}")
+    return float(budget)
+
+
+@dataclass(frozen=True)
+class MatchaPlan:
+    """Everything a MATCHA peer needs, identical on every peer.
+
+    Attributes:
+        size: Number of peers P.
+        matchings: Disjoint matchings whose union is the edge set, pairs ``(a, b)``, a < b.
+        probabilities: Activation probability of each matching.
+        alpha: Mixing weight: ``W(k) = I - alpha L(k)``.
+        rho: ``||E[W^T W] - J||_2`` at alpha (< 1 means expected contraction).
+        budget: Communication budget C_b: ``sum(p) <= C_b * M``.
+        lambda2: Algebraic connectivity of the expected Laplacian ``sum p_j L_j``.
+        lambda_max: Its largest eigenvalue.
+    """
+
+    size: int
+    matchings: tuple[Matching, ...]
+    probabilities: tuple[float, ...]
+    alpha: float
+    rho: float
+    budget: float
+    lambda2: float
+    lambda_max: float
+
+    def __post_init__(self):
+        check_budget(self.budget)
+        if len(self.probabilities) != len(self.matchings):
+            raise ConfigError(f"probabilities: {len(self.probabilities)} values for "
+                              f"{len(self.matchings)} matchings")
+        for j, p in enumerate(self.probabilities):
+            if not 0.0 <= p <= 1.0:
+                raise ConfigError(f"probabilities[{j}]: {p} is not in [0, 1]")
+        seen: set[Edge] = set()
+        for j, matching in enumerate(self.matchings):
+            ranks = [r for edge in matching for r in edge]
+            if len(set(ranks)) != len(ranks):
+                raise TopologyError(f"matchings[{j}]: a rank is in two pairs, not a matching")
+            for a, b in matching:
+                if not 0 <= a < b < self.size:
+                    raise TopologyError(f"matchings[{j}]: pair ({a}, {b}) is not a < b "
+                                        f"in 0..{self.size - 1}")
+                if (a, b) in seen:
+                    raise TopologyError(f"matchings[{j}]: edge {a}-{b} is in two matchings")
+                seen.add((a, b))
+
+    @property
+    def edges(self) -> list[Edge]:
+        return sorted(edge for matching in self.matchings for edge in matching)
+
+    @property
+    def expected_matchings(self) -> float:
+        """Expected active matchings (communication time units) per round; D-PSGD: M."""
+        return float(sum(self.probabilities))
+
+    def partners(self, rank: int) -> tuple[int | None, ...]:
+        """``rank``'s partner in each matching (None where it is not matched)."""
+        out: list[int | None] = []
+        for matching in self.matchings:
+            out.append(next((b if a == rank else a for a, b in matching if rank in (a, b)),
+                            None))
+        return tuple(out)
+
+    def active(self, round: int, seed: int = 0) -> tuple[int, ...]:
+        """Indices of the matchings active in ``round``: a pure function of
+        ``(seed, round)``, so every peer computes any round without state or messages."""
+        for name, value in (("round", round), ("seed", seed)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ConfigError(f"{name}: expected a non-negative integer, got {value!r}")
+        if not self.matchings:
+            return ()
+        # A generator of its own per (seed, round): never shared with data loading.
+        draws = np.random.default_rng([int(seed), int(round)]).random(len(self.matchings))
+        return tuple(j for j, (u, p) in enumerate(zip(draws, self.probabilities)) if u < p)
+
+    def laplacians(self) -> np.ndarray:
+        """``[M, P, P]`` Laplacians of the matchings."""
+        return matching_laplacians(self.size, self.matchings)
+
+    def laplacian(self, active: Iterable[int]) -> np.ndarray:
+        """``L(k) = sum_{j active} L_j``."""
+        lap = self.laplacians()
+        return lap[list(active)].sum(axis=0) if len(lap) else np.zeros((self.size, self.size))
+
+    def mixing_matrix(self, round: int, seed: int = 0) -> np.ndarray:
+        """``W(k) = I - alpha L(k)`` for the matchings active in ``round``."""
+        return np.eye(self.size) - self.alpha * self.laplacian(self.active(round, seed))
+
+    def expected_laplacian(self) -> np.ndarray:
+        return expected_matrices(self.laplacians(), np.asarray(self.probabilities))[0]
+
+    def expected_mixing_matrix(self) -> np.ndarray:
+        """``E[W(k)] = I - alpha L_bar``: symmetric, doubly stochastic."""
+        return np.eye(self.size) - self.alpha * self.expected_laplacian()
+
+    def expected_gram(self) -> np.ndarray:
+        """``E[W(k)^T W(k)]``."""
+        mean, var = expected_matrices(self.laplacians(), np.asarray(self.probabilities))
+        return gram(self.alpha, mean, var)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        return {
+            "budget": self.budget,
+            "matchings": [[list(edge) for edge in matching] for matching in self.matchings],
+            "probabilities": list(self.probabilities),
+            "alpha": self.alpha,
+            "rho": self.rho,
+            "lambda2": self.lambda2,
+            "lambda_max": self.lambda_max,
+            "expected_matchings_per_round": self.expected_matchings,
+            "dpsgd_matchings_per_round": len(self.matchings),
+        }
+
+    def describe(self) -> str:
+        """Multi-line summary for ``gossip topology show --budget``."""
+        count = len(self.matchings)
+        lines = [f"MATCHA, budget C_b = {self.budget:g}: {count} matchings"]
+        width = len(str(max(count - 1, 0)))
+        for j, (matching, p) in enumerate(zip(self.matchings, self.probabilities)):
+            pairs = " ".join(f"{a}-{b}" for a, b in matching)
+            lines.append(f"  matching {j:>{width}}  p = {p:.4f}  {pairs}")
+        sent = sum(2 * len(m) * p for m, p in zip(self.matchings, self.probabilities))
+        lines += [
+            f"alpha: {self.alpha:.4f}",
+            f"rho = ||E[W^T W] - J||_2: {self.rho:.4f}",
+            f"expected Laplacian: lambda2 {self.lambda2:.4f}, lambda_max {self.lambda_max:.4f}",
+            (f"expected matchings per round: {self.expected_matchings:.3f} "
+             f"(D-PSGD, all matchings: {count})"),
+            f"expected messages per round: {sent:.3f} (D-PSGD: {2 * len(self.edges)})",
+        ]
+        if self.budget < 1.0:
+            full = plan_for_matchings(self.size, self.matchings, 1.0)
+            lines.append(f"all matchings every round (C_b = 1): alpha {full.alpha:.4f}, "
+                         f"rho {full.rho:.4f}")
+        return "\n".join(lines)
+
+
+def plan(graph: Any, budget: float, *, matchings: Sequence[Sequence[Sequence[int]]] | None = None
+         ) -> MatchaPlan:
+    """The MATCHA plan for a Topology or a connected ``nx.Graph`` on ``0..P-1``.
+
+    Args:
+        graph: A ``gossip.Topology`` or an undirected ``nx.Graph``.
+        budget: Communication budget C_b in (0, 1].
+        matchings: A decomposition to use instead of :func:`decompose` (e.g. a hand-made
+            one); it must partition the edge set into matchings.
+
+    Raises:
+        ConfigError: budget outside (0, 1].
+        TopologyError: disconnected or malformed graph, or matchings that do not partition it.
+    """
+    budget = check_budget(budget)
+    size, edges = _graph_edges(graph)
+    if matchings is None:
+        chosen = decompose(edges)
+    else:
+        chosen = tuple(tuple(sorted((min(a, b), max(a, b)) for a, b in m)) for m in matchings)
+        covered = sorted(edge for m in chosen for edge in m)
+        if covered != sorted(edges):
+            raise TopologyError("matchings: their union must be the edge set, each edge once")
+    with _PLAN_LOCK:
+        return plan_for_matchings(size, chosen, budget)
+
+
+@functools.lru_cache(maxsize=64)
+def plan_for_matchings(size: int, matchings: tuple[Matching, ...], budget: float) -> MatchaPlan:
+    """The plan for a given decomposition (cached: every peer of a process shares it)."""
+    budget = check_budget(budget)
+    laps = matching_laplacians(size, matchings)
+    probabilities = optimal_probabilities(laps, budget * len(matchings))
+    mean, var = expected_matrices(laps, probabilities)
+    alpha, rho_value = optimal_alpha(mean, var)
+    eig = np.linalg.eigvalsh(mean) if size > 1 else np.zeros(2)
+    return MatchaPlan(size=size, matchings=matchings,
+                      probabilities=tuple(float(p) for p in probabilities), alpha=alpha,
+                      rho=rho_value, budget=budget, lambda2=float(max(eig[1], 0.0)),
+                      lambda_max=float(eig[-1]))
+
+
+def _graph_edges(graph: Any) -> tuple[int, list[Edge]]:
+    from gossip.topology.graph import Topology
+
+    if isinstance(graph, Topology):
+        return graph.size, graph.edges()
+    if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
+        raise TopologyError(f"graph: expected a Topology or an undirected simple nx.Graph, "
+                            f"got {type(graph).__name__}")
+    size = graph.number_of_nodes()
+    if set(graph.nodes) != set(range(size)):
+        raise TopologyError(f"graph: nodes must be 0..{size - 1}")
+    if size == 0 or not nx.is_connected(graph):
+        raise TopologyError("graph: MATCHA needs a connected graph")
+    return size, _canonical_edges(graph.edges())

@@ -1,0 +1,146 @@
+"""Connection events of a receiving socket, turned into rejections with a reason.
+
+libzmq refuses some input before any message exists, and tells only its socket monitor:
+
+* a failed handshake: a plaintext client at a CURVE socket or the reverse
+  (``HANDSHAKE_FAILED_PROTOCOL`` with ``ZMTP_MECHANISM_MISMATCH`` if this side noticed first,
+  else ``HANDSHAKE_FAILED_NO_DETAIL``: the client hung up mid-handshake), a client that has a
+  wrong server key (``ZMTP_CRYPTOGRAPHIC``), a key the ZAP handler refused
+  (``HANDSHAKE_FAILED_AUTH``, status 400). Each is followed by the ``DISCONNECTED`` of the same
+  connection, which is not counted again;
+* a frame over ``ZMQ_MAXMSGSIZE``: libzmq 4.3.5 drops it, with whatever follows it on that
+  connection, and closes the connection. Its only trace is ``DISCONNECTED``, the very event a
+  peer going away causes (measured; no protocol error is reported, with or without CURVE).
+
+Our peers always say goodbye before closing, on the connection they close. So a connection
+that closes without a goodbye is counted as a rejection: an oversized frame, or a peer that
+died. The goodbye may still be queued behind other messages when the event comes, so a
+disconnect is judged only once the socket's queue is empty and ``GRACE_S`` has passed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+# Covers the instant between libzmq reporting a disconnect and flushing the messages that
+# preceded it to the socket's queue.
+GRACE_S = 0.2
+# A refused client reconnects every 100 ms: the same reason is logged (at warning level) at most
+# once per this many seconds; every refusal is still counted.
+REPEAT_QUIET_S = 10.0
+
+EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_DISCONNECTED)
+_PROTOCOL_ERRORS = {getattr(zmq, name): name for name in dir(zmq)
+                    if name.startswith("PROTOCOL_ERROR_")}
+_MISMATCH = {True: "the client does not use CURVE (plaintext?)",
+             False: "the client uses a security mechanism (CURVE?) but this peer has no keys"}
+_CRYPTO = "CURVE handshake does not decrypt (the client has a wrong server key for this peer?)"
+
+
+class ConnectionWatch:
+    """Reads a socket's monitor and reports refused input through ``reject(reason)``.
+
+    Args:
+        socket: The receiving socket; its monitor socket becomes ``self.socket``, to be polled
+            alongside it.
+        reject: ``reject(reason, quiet=False)``, called once per refused connection or
+            dropped frame with a one-line reason.
+        max_frame_bytes: The socket's ZMQ_MAXMSGSIZE, named in reasons.
+        curve: Whether the socket is a CURVE server (for the wording of reasons).
+        denials: ``(address, key)`` of clients the ZAP handler refused, oldest first.
+    """
+
+    def __init__(self, socket: zmq.Socket, reject: Callable[..., None], *,
+                 max_frame_bytes: int, curve: bool = False, denials: deque | None = None):
+        self.socket = socket.get_monitor_socket(EVENTS)
+        self._watched = socket
+        self._reject = reject
+        self._max_frame_bytes = max_frame_bytes
+        self._why = {zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: _MISMATCH[curve],
+                     zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: _CRYPTO}
+        self._denials = denials if denials is not None else deque()
+        self._handshake_failed = 0  # disconnects still to come from failed handshakes
+        self._closed: deque[tuple[float, int, str]] = deque()  # (when, fd, endpoint) to judge
+        self._goodbyes: Counter[int] = Counter()  # fds a goodbye came over, not yet closed
+        self._last_src: dict[int, int] = {}  # fd -> rank of the last message over it
+        self._logged: dict[str, float] = {}  # refusal reason -> when last logged loudly
+
+    def heard(self, fd: int, src: int, goodbye: bool) -> None:
+        """A message from ``src`` came over connection ``fd``."""
+        self._last_src[fd] = src
+        if goodbye:
+            self._goodbyes[fd] += 1
+
+    def read(self) -> None:
+        """Handle every event waiting on the monitor socket."""
+        while True:
+            try:
+                event = recv_monitor_message(self.socket, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind, value = event["event"], event["value"]
+            endpoint = event["endpoint"].decode("utf-8", "replace")
+            if kind == zmq.EVENT_DISCONNECTED:
+                if self._handshake_failed:
+                    self._handshake_failed -= 1
+                else:
+                    self._closed.append((time.monotonic(), value, endpoint))
+                continue
+            self._handshake_failed += 1
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                why = (self._why.get(value)
+                       or _PROTOCOL_ERRORS.get(value, f"protocol error {value:#x}"))
+                self._refuse(f"connection on {endpoint} refused: {why}")
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                if self._denials:
+                    address, key = self._denials.popleft()
+                    who = f"CURVE key {key} from {address} is not in the topology"
+                else:
+                    who = f"authentication failed (ZAP status {value})"
+                self._refuse(f"connection on {endpoint} refused: {who}")
+            else:  # HANDSHAKE_FAILED_NO_DETAIL, value: errno
+                self._refuse(f"connection on {endpoint} closed during the handshake (a client "
+                             f"with other security settings, e.g. plaintext, or a port probe)")
+
+    def _refuse(self, reason: str) -> None:
+        now = time.monotonic()
+        quiet = now - self._logged.get(reason, -REPEAT_QUIET_S) < REPEAT_QUIET_S
+        if not quiet:
+            if len(self._logged) > 1000:  # clients with ever new keys must not grow it forever
+                self._logged.clear()
+            self._logged[reason] = now
+        self._reject(reason, quiet=quiet)
+
+    def judge(self) -> float | None:
+        """Count the disconnects without a goodbye that are due; call only when the watched
+        socket's queue is empty. Returns seconds until the next one is due, or None."""
+        now = time.monotonic()
+        while self._closed:
+            when, fd, endpoint = self._closed[0]
+            if now - when < GRACE_S:
+                return GRACE_S - (now - when)
+            self._closed.popleft()
+            src = self._last_src.pop(fd, None)
+            if self._goodbyes[fd]:
+                self._goodbyes[fd] -= 1
+                if not self._goodbyes[fd]:
+                    del self._goodbyes[fd]
+                continue
+            heard = f", last heard from peer {src}" if src is not None else ""
+            self._reject(f"connection {fd} on {endpoint}{heard} closed without a goodbye: a "
+                         f"frame over the socket's {self._max_frame_bytes}-byte limit "
+                         f"(ZMQ_MAXMSGSIZE) was dropped with whatever followed it, or the "
+                         f"peer died")
+        return None
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self._watched.disable_monitor()
+            self.socket.close(linger=0)
+            self.socket = None

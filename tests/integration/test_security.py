@@ -1,0 +1,190 @@
+"""CURVE: a keyed cluster lets in its own peers only, each only as itself.
+
+A running cluster (peers as threads, real ZeroMQ) is attacked by a plaintext peer, a peer
+with a key the topology does not list, a client that has a wrong server key, and a member
+whose key is valid but who claims to be another rank. None gets a message in: every round
+still equals the oracle, and the target counts and names every attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from contextlib import suppress
+
+import pytest
+import torch
+import zmq
+
+from gossip import keys
+from gossip.errors import PeerTimeout
+from gossip.keys import CurveKeys
+from gossip.netutil import free_ports
+from gossip.peer import Peer
+from gossip.transport import Message, ZmqTransport, codec
+
+ROUNDS = 12
+PLAINTEXT = "does not use CURVE|closed during the handshake"  # whichever side noticed first
+ATTACKS = {
+    "plaintext peer": PLAINTEXT,
+    "unknown key": "is not in the topology",
+    "wrong server key": "does not decrypt",
+    "impersonation": "claims to come from peer 1 but was sent with peer 2's key",
+}
+
+
+class Reasons(logging.Handler):
+    """Every rejection reason rank 0 logs, quiet repeats included."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "rejected message" in record.msg and record.args[0] == 0:
+            self.reasons.append(record.args[1])
+
+    def seen(self, pattern: str) -> bool:
+        return any(re.search(pattern, reason) for reason in list(self.reasons))
+
+
+@pytest.fixture
+def reasons():
+    handler, logger = Reasons(), logging.getLogger("gossip.transport")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+@pytest.fixture
+def keyed_ring(tmp_path, local_topology):
+    keys.generate(tmp_path / "keys", range(3))
+    return local_topology("ring", 3).with_keys(tmp_path / "keys")
+
+
+def poisoned(rnd: int, src: int = 1) -> list[bytes]:
+    """Frames of a well-formed gossip message for round ``rnd`` claiming to come from ``src``."""
+    header, frames = codec.encode(Message("gossip", rnd, buffers=(torch.full((8,), 1e6),)), src)
+    return [header] + [f.numpy().tobytes() for f in frames]
+
+
+def impostor(topology, rank: int, *, keyed: bool) -> ZmqTransport:
+    """A transport posing as ``rank`` from another port: plaintext, or with a fresh keypair
+    the topology does not list."""
+    endpoints = [topology.address(r) for r in range(topology.size)]
+    endpoints[rank] = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    forged = None
+    if keyed:
+        public, secret = (k.decode() for k in zmq.curve_keypair())
+        peers = [p.public_key for p in topology.peers]
+        peers[rank] = public
+        forged = CurveKeys(rank, secret, tuple(peers))
+    return ZmqTransport(rank, endpoints, keys=forged, timeout=0.1).open()
+
+
+def attack(topology, stop: threading.Event) -> None:
+    """Send poisoned messages for every round to rank 0 in every way we know, and keep the
+    connections (refused ones retry every 100 ms) until ``stop``."""
+    ctx = zmq.Context()
+    sockets = []
+    honest_keys = keys.for_rank(topology, 2)
+    wrong_server = zmq.curve_keypair()[0]
+    for server_key, client in [(topology.peers[0].public_key.encode(), honest_keys),
+                               (wrong_server, honest_keys)]:
+        sock = ctx.socket(zmq.PUSH)
+        sock.linger = 0
+        sock.curve_serverkey = server_key
+        sock.curve_publickey = client.public.encode()
+        sock.curve_secretkey = client.secret.encode()
+        sock.connect(topology.address(0))
+        sockets.append(sock)
+    fakes = [impostor(topology, 1, keyed=False), impostor(topology, 1, keyed=True)]
+    try:
+        for rnd in range(ROUNDS):
+            for sock in sockets:  # rank 2's real key claiming rank 1; a wrong server key
+                sock.send_multipart(poisoned(rnd))
+            for fake in fakes:  # queued until a handshake succeeds, which never happens
+                fake.send(0, Message("gossip", rnd, buffers=(torch.full((8,), 1e6),)))
+        stop.wait(30.0)
+    finally:
+        for fake in fakes:
+            fake.close()
+        ctx.destroy(linger=0)
+
+
+def test_strangers_and_impostors_get_nothing_into_a_running_cluster(keyed_ring, reasons,
+                                                                    run_peers, make_data, oracle):
+    data = make_data(ROUNDS, 3, (8,), torch.float32)
+    results = torch.empty_like(data)
+    bound = threading.Barrier(3, timeout=10)
+    stop = threading.Event()
+    attacker = threading.Thread(target=attack, args=(keyed_ring, stop), daemon=True)
+    stats = [None] * 3
+
+    def peer_main(rank: int) -> None:
+        with Peer(rank, keyed_ring, "dpsgd", timeout=10.0) as peer:
+            bound.wait()
+            if rank == 0:
+                attacker.start()
+                time.sleep(0.2)  # let the poison queue up before the honest messages
+            for rnd in range(ROUNDS):
+                results[rnd, rank] = peer.synchronize(data[rnd, rank].clone(), rnd)
+            if rank == 0:  # keep reading until every kind of attack was seen and refused
+                deadline = time.monotonic() + 10.0
+                while (not all(reasons.seen(why) for why in ATTACKS.values())
+                       and time.monotonic() < deadline):
+                    with suppress(PeerTimeout):
+                        peer.transport.recv(timeout=0.05)
+                stop.set()
+                attacker.join(10.0)
+                assert not peer.transport._pending, "a poisoned message got in"
+        stats[rank] = peer.stats
+
+    try:
+        run_peers(3, peer_main, timeout=60.0)
+    finally:
+        stop.set()
+    oracle.assert_mixed(keyed_ring, results, data)
+    for what, why in ATTACKS.items():
+        assert reasons.seen(why), f"{what} not refused: {reasons.reasons[:5]}"
+    gossip = stats[0]["by_kind"]["gossip"]
+    assert gossip["messages_recv"] == 2 * ROUNDS  # exactly the two neighbours' messages
+    assert stats[0]["messages_rejected"] == len(reasons.reasons)
+    for rank in (1, 2):
+        assert stats[rank]["messages_rejected"] == 0
+
+
+def test_keyed_and_plaintext_peers_cannot_talk(keyed_ring, reasons):
+    endpoints = [keyed_ring.address(r) for r in range(3)]
+    with ZmqTransport.for_topology(0, keyed_ring, timeout=5.0) as keyed, \
+            ZmqTransport(1, endpoints, timeout=5.0) as plain:
+        plain.send(0, Message("gossip", 0, buffers=(torch.ones(2),)))
+        keyed.send(1, Message("gossip", 0, buffers=(torch.ones(2),)))
+        with pytest.raises(PeerTimeout, match=PLAINTEXT):
+            keyed.recv(timeout=0.5)
+        with pytest.raises(PeerTimeout):  # the keyed client's handshake gets no answer
+            plain.recv(timeout=0.2)
+        assert keyed.stats.messages_recv == plain.stats.messages_recv == 0
+
+
+def test_ipc_twin_is_keyed_too(keyed_ring):
+    with ZmqTransport.for_topology(0, keyed_ring, timeout=5.0) as target:
+        assert target._ipc_path is not None
+        ctx = zmq.Context()
+        try:
+            sock = ctx.socket(zmq.PUSH)
+            sock.linger = 0
+            sock.connect(f"ipc://{target._ipc_path}")
+            sock.send_multipart(poisoned(0))
+            with pytest.raises(PeerTimeout, match=PLAINTEXT):
+                target.recv(timeout=0.5)
+        finally:
+            ctx.destroy(linger=0)
+        with ZmqTransport.for_topology(1, keyed_ring, timeout=5.0) as sender:
+            sender.send(0, Message("gossip", 3, buffers=(torch.ones(2),)))  # over ipc
+            assert target.recv(src=1).round == 3

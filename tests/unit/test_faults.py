@@ -1,0 +1,120 @@
+"""Injected delays: reproducible from the seed, the configured distribution, validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from gossip.config import TrainConfig
+from gossip.errors import ConfigError
+from gossip.faults import DelayConfig, DelayedTransport, DelayModel
+from gossip.transport import Message
+
+STRAGGLERS = DelayConfig(compute=0.01, slowdown={1: 4.0}, straggler_prob=0.2,
+                         straggler_mean=0.05, send_delay={2: 0.003})
+
+
+def draws(model: DelayModel, n: int = 3000) -> list[float]:
+    return [model.straggler(k) for k in range(n)]
+
+
+def test_delays_are_reproducible_from_the_seed():
+    first = draws(STRAGGLERS.for_rank(1, seed=7))
+    assert first == draws(STRAGGLERS.for_rank(1, seed=7))
+    assert first != draws(STRAGGLERS.for_rank(1, seed=8))
+    assert first != draws(STRAGGLERS.for_rank(0, seed=7))  # every rank has its own stream
+    # A pure function of the index: asking out of order (as a non-blocking run, which stops
+    # rounds early, may) gives the same delay for the same mini-batch.
+    model = STRAGGLERS.for_rank(1, seed=7)
+    assert [model.straggler(k) for k in reversed(range(3000))] == first[::-1]
+    # The config's own seed overrides the run's.
+    pinned = DelayConfig(straggler_prob=0.2, straggler_mean=0.05, seed=3)
+    assert draws(pinned.for_rank(1, seed=7)) == draws(pinned.for_rank(1, seed=99))
+
+
+def test_straggler_delays_follow_the_configured_distribution():
+    values = draws(STRAGGLERS.for_rank(0, seed=0), 20_000)
+    hits = [v for v in values if v > 0]
+    assert len(hits) / len(values) == pytest.approx(0.2, abs=0.015)
+    assert sum(hits) / len(hits) == pytest.approx(0.05, rel=0.06)
+
+
+def test_minibatch_delay_scales_measured_and_emulated_compute():
+    slow = DelayConfig(compute=0.01, slowdown={1: 4.0}).for_rank(1, seed=0)
+    assert slow.minibatch_delay(0, measured=0.002) == pytest.approx(3 * 0.002 + 4 * 0.01)
+    fast = DelayConfig(compute=0.01, slowdown={1: 4.0}).for_rank(0, seed=0)
+    assert fast.minibatch_delay(5, measured=0.002) == pytest.approx(0.01)
+    assert DelayConfig().for_rank(0, seed=0).minibatch_delay(0, measured=1.0) == 0.0
+    assert not DelayConfig().active and STRAGGLERS.active
+
+
+def test_send_delay_for_all_or_per_rank():
+    assert DelayConfig(send_delay=0.01).for_rank(3, seed=0).send_delay == 0.01
+    assert STRAGGLERS.for_rank(2, seed=0).send_delay == 0.003
+    assert STRAGGLERS.for_rank(0, seed=0).send_delay == 0.0
+
+
+def test_delays_are_recorded_in_the_run_config_and_round_trip(tmp_path):
+    config = TrainConfig(batch_size=64, minibatches=8, delays=STRAGGLERS)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"train": config.to_dict()}))
+    assert yaml.safe_load(path.read_text())["train"]["delays"]["slowdown"] == {1: 4.0}
+    assert TrainConfig.from_yaml(path) == config
+
+
+@pytest.mark.parametrize("delays, culprit", [
+    ({"slowdown": {1: 0.5}}, "delays.slowdown[1]: 0.5 must be >= 1"),
+    ({"slowdown": {"x": 2}}, "delays.slowdown: 'x' is not a rank"),
+    ({"straggler_prob": 1.5}, "delays.straggler_prob"),
+    ({"straggler_prob": 0.1}, "delays.straggler_mean: must be > 0"),
+    ({"compute": -1}, "delays.compute"),
+    ({"send_delay": "fast"}, "delays.send_delay: expected a number"),
+    ({"bogus": 1}, "unknown field 'bogus'"),
+])
+def test_invalid_delays_name_the_field(delays, culprit):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict({"delays": delays}, source="run.yaml")
+    assert culprit in str(info.value) and str(info.value).startswith("run.yaml: ")
+
+
+def test_ranks_outside_the_run_are_rejected():
+    STRAGGLERS.check_ranks(3)
+    with pytest.raises(ConfigError, match=r"delays.slowdown: rank 1 is not in the run"):
+        STRAGGLERS.check_ranks(1)
+
+
+def test_minibatches_must_divide_the_batch():
+    with pytest.raises(ConfigError, match="batch_size: 30 must be a multiple of minibatches"):
+        TrainConfig(batch_size=30, minibatches=4)
+
+
+class _Recorder:
+    """A transport stand-in: records sends, owns attributes the proxy must forward."""
+
+    stats = "stats of the inner transport"
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, dst, msg, **kwargs):
+        self.sent.append((dst, msg.kind, kwargs))
+        return "delivery"
+
+
+def test_delayed_transport_sleeps_before_sends_except_exempt_kinds(monkeypatch):
+    slept = []
+    monkeypatch.setattr("gossip.faults.time.sleep", slept.append)
+    inner = _Recorder()
+    transport = DelayedTransport(inner, 0.25, exempt=("probe.",))
+    assert transport.send(1, Message(kind="gossip", round=0), track=True) == "delivery"
+    transport.send(1, Message(kind="probe.rs", round=0))
+    assert slept == [0.25]
+    assert inner.sent == [(1, "gossip", {"track": True}), (1, "probe.rs", {})]
+    assert transport.stats == "stats of the inner transport"
+
+
+def test_exponential_inverse_cdf_is_finite():
+    model = DelayModel(rank=0, seed=0, straggler_prob=1.0, straggler_mean=0.01)
+    assert all(math.isfinite(v) and v >= 0 for v in draws(model, 5000))
