@@ -4,8 +4,14 @@ Public API: ``Peer``, ``Topology``, ``STRATEGIES``, ``TrainConfig``, ``train`` a
 family. Attributes load lazily, so the command line starts without importing torch.
 """
 
-from gossip.errors import (ConfigError, GossipError, PeerTimeout, ProtocolError, TopologyError,
-                           TransportError)
+from gossip.errors import (
+    ConfigError,
+    GossipError,
+    PeerTimeout,
+    ProtocolError,
+    TopologyError,
+    TransportError,
+)
 
 __version__ = "0.1.0"
 

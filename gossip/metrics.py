@@ -12,10 +12,10 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 __all__ = ["MetricsWriter", "Stopwatch", "last_record", "read_jsonl"]
 
@@ -83,7 +83,7 @@ class MetricsWriter:
     def closed(self) -> bool:
         return self._file.closed
 
-    def __enter__(self) -> "MetricsWriter":
+    def __enter__(self) -> MetricsWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

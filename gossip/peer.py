@@ -58,7 +58,7 @@ class Peer:
         self.strategy: Strategy | None = None
         self.round = 0  # next round used by step()
 
-    def __enter__(self) -> "Peer":
+    def __enter__(self) -> Peer:
         if self.transport is None:
             endpoints = [self.topology.address(r) for r in range(self.topology.size)]
             self.transport = ZmqTransport(self.rank, endpoints, timeout=self.timeout,

@@ -7,9 +7,13 @@ and the verdict is the median of the per-trial ratios, never a single absolute t
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
-from gossip.bench.baselines import gloo_allreduce_times, ring_neighbors, zmq_exchange_times
+from gossip.bench.baselines import (
+    gloo_allreduce_times,
+    ring_neighbors,
+    zmq_exchange_times,
+)
 from gossip.bench.harness import format_table
 from gossip.bench.ours import strategy_times
 

@@ -4,8 +4,9 @@ barrier, one synchronize, max over ranks."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from multiprocessing import get_context
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

@@ -14,8 +14,8 @@ from gossip.tasks.partition import SCHEMES, partition
 from gossip.tasks import digits as _digits  # noqa: F401  isort: skip
 
 __all__ = [
-    "TASKS",
     "SCHEMES",
+    "TASKS",
     "BatchStream",
     "Split",
     "Task",

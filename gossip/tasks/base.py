@@ -7,8 +7,8 @@ module's types, so new tasks plug in by registering a factory in :data:`TASKS`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from gossip.registry import Registry
 
 # Factories take ``seed`` (keyword) and return a Task. Defined here rather than in
 # ``gossip.tasks.__init__`` so task modules can register without a circular import.
-TASKS: Registry["Task"] = Registry("task")
+TASKS: Registry[Task] = Registry("task")
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class BatchStream:
         self._pos += self._batch
         return self._split.x[idx], self._split.y[idx]
 
-    def __iter__(self) -> "BatchStream":
+    def __iter__(self) -> BatchStream:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:

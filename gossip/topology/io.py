@@ -48,7 +48,7 @@ def load(path: str | Path) -> Topology:
     except OSError as exc:
         raise TopologyError(f"{source}: cannot read: {exc.strerror or exc}") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]

@@ -9,7 +9,15 @@ import torch
 from torch import nn
 
 from gossip.errors import ConfigError
-from gossip.tasks import TASKS, BatchStream, Split, Task, create_task, evaluate, partition
+from gossip.tasks import (
+    TASKS,
+    BatchStream,
+    Split,
+    Task,
+    create_task,
+    evaluate,
+    partition,
+)
 
 
 @pytest.fixture(scope="module")
