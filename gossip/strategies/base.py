@@ -72,6 +72,28 @@ class Strategy(ABC):
         return msg.buffers[0]
 
 
+class MixingGossip(Strategy):
+    """A gossip strategy on the topology's static graph with its Metropolis-Hastings weights.
+
+    Args:
+        tag: Message kind, distinct per instance sharing one transport.
+    """
+
+    operates_on = "params"
+
+    def __init__(self, *, rank, topology, transport, tag: str):
+        super().__init__(rank=rank, topology=topology, transport=transport)
+        self.tag = tag
+        weights = topology.mixing_matrix()[rank]
+        self.neighbors = topology.neighbors(rank)
+        self.self_weight = float(weights[rank])
+        self.weights = {j: float(weights[j]) for j in self.neighbors}
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (self.tag,)
+
+
 def create_strategy(name: str, *, rank: int, topology, transport: Transport,
                     options: Mapping[str, Any] | None = None) -> Strategy:
     """Build a registered strategy; unknown names or options raise ConfigError naming them.

@@ -16,11 +16,11 @@ import torch
 
 from gossip.compress import Compressor, Payload
 from gossip.errors import ConfigError, ProtocolError
-from gossip.strategies.base import Strategy
+from gossip.strategies.base import MixingGossip
 from gossip.transport import Message
 
 
-class ChocoGossip(Strategy):
+class ChocoGossip(MixingGossip):
     """One CHOCO-Gossip step with every neighbour of the (static) graph.
 
     Args:
@@ -30,26 +30,15 @@ class ChocoGossip(Strategy):
         tag: Message kind, distinct per instance sharing one transport.
     """
 
-    operates_on = "params"
-
     def __init__(self, *, rank, topology, transport, compressor: Compressor,
                  gamma: float | None = None, tag: str = "choco"):
-        super().__init__(rank=rank, topology=topology, transport=transport)
+        super().__init__(rank=rank, topology=topology, transport=transport, tag=tag)
         if gamma is not None and not 0 < gamma <= 1:
             raise ConfigError(f"gamma (CHOCO consensus step) must be in (0, 1], got {gamma}")
         self.compressor = compressor
         self.gamma = gamma
-        self.tag = tag
-        weights = topology.mixing_matrix()[rank]
-        self.neighbors = topology.neighbors(rank)
-        self.self_weight = float(weights[rank])
-        self.weights = {j: float(weights[j]) for j in self.neighbors}
         self.public: torch.Tensor | None = None  # x̂_i
         self.mixed: torch.Tensor | None = None  # s_i = sum_j w_ij x̂_j
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from gossip.compress import Compressor, ErrorFeedback, MomentumCorrection
 from gossip.compress.wrappers import Clip, Wrapper
 from gossip.errors import ConfigError
-from gossip.strategies.base import STRATEGIES, Strategy
+from gossip.strategies.base import STRATEGIES, MixingGossip, Strategy
 from gossip.strategies.choco import ChocoGossip
 from gossip.transport import Message
 
@@ -41,26 +41,11 @@ def _reject_gradient_wrappers(compressor: Compressor) -> None:
         layer = layer.inner
 
 
-class DPSGD(Strategy):
-    """One gossip round with every neighbour of the (static) graph.
-
-    Args:
-        tag: Message kind, distinct per instance sharing one transport.
-    """
-
-    operates_on = "params"
+class DPSGD(MixingGossip):
+    """One exact gossip round with every neighbour of the (static) graph."""
 
     def __init__(self, *, rank, topology, transport, tag: str = "gossip"):
-        super().__init__(rank=rank, topology=topology, transport=transport)
-        self.tag = tag
-        weights = topology.mixing_matrix()[rank]
-        self.neighbors = topology.neighbors(rank)
-        self.self_weight = float(weights[rank])
-        self.weights = {j: float(weights[j]) for j in self.neighbors}
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
+        super().__init__(rank=rank, topology=topology, transport=transport, tag=tag)
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
