@@ -13,7 +13,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from gossip.cli import _train_config, main
+from gossip.cli import main
+from gossip.cli.train import _train_config
 from gossip.metrics import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -1,36 +1,18 @@
-"""Command line: `gossip peer | launch | experiment run | plot | topology show | keys | bench`."""
+"""`gossip peer` (one rank) and `gossip launch` (every local rank), with the training flags they share."""
 
 from __future__ import annotations
 
-import functools
 import os
-import sys
 import time
 from pathlib import Path
 
 import click
 import yaml
 
+from gossip.cli.common import fail_cleanly, main
 from gossip.errors import ConfigError, GossipError
 
 RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
-
-
-def _fail_cleanly(fn):
-    """GossipError -> one line on stderr and exit 1; Ctrl-C -> exit 130."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except GossipError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
 
 
 def _train_options(fn):
@@ -117,12 +99,6 @@ def _rank_values(flag: str, items) -> dict[int, float]:
     return out
 
 
-@click.group()
-@click.version_option(package_name="gossip")
-def main():
-    """gossip: decentralized deep learning over ZeroMQ."""
-
-
 @main.command()
 @click.option("--rank", type=int, help=f"This peer's rank (default: ${' / $'.join(RANK_ENV)}).")
 @click.option("--topology", "topology_path", required=True, type=click.Path(dir_okay=False),
@@ -134,7 +110,7 @@ def main():
               help="This peer's CURVE secret key, when the topology lists public keys "
                    "(default: peer-RANK.key in the topology's key directory).")
 @_train_options
-@_fail_cleanly
+@fail_cleanly
 def peer(rank, topology_path, run_dir, quiet, key_file, config_path, strategy_options, **flags):
     """Run one peer of a cluster (the same topology file on every machine)."""
     from tqdm import tqdm
@@ -205,7 +181,7 @@ def _resolve_rank(rank: int | None) -> int:
               help="Authenticate and encrypt with the CURVE keys in this directory "
                    "(from `gossip keys generate`).")
 @_train_options
-@_fail_cleanly
+@fail_cleanly
 def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, config_path,
            strategy_options, **flags):
     """Start every local peer, show progress, print a per-peer summary.
@@ -281,249 +257,3 @@ def _summary(run_dir: Path, ranks: list[int]) -> str:
     mean_acc = sum(r["accuracy"] for r in rows) / len(rows)
     return (f"{table}\nmean test accuracy {mean_acc:.4f}; averaged model "
             f"{final['avg_accuracy']:.4f}; consensus distance {final['consensus']:.3g}")
-
-
-@main.group()
-def experiment():
-    """Experiments: several runs from one YAML file, then plots and a comparison table."""
-
-
-@experiment.command("run")
-@click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--out", type=click.Path(file_okay=False),
-              help="Output directory (default: runs/DATE-TIME-NAME).")
-@click.option("--only", multiple=True, metavar="RUN",
-              help="Run only this run of the file (repeatable); others already in --out stay.")
-@_fail_cleanly
-def experiment_run(path, out, only):
-    """Run every run of the experiment file, then plot them (like `gossip plot OUT`)."""
-    from gossip.experiment import load_experiment, report, run_experiment
-    from gossip.experiment.runner import default_out
-
-    spec = load_experiment(path)
-    out = Path(out) if out else default_out(spec)
-    click.echo(f"experiment {spec.name}: {len(spec.runs)} runs -> {out}")
-    failed = run_experiment(spec, out, only=tuple(only), echo=click.echo)
-    report(out, echo=click.echo)
-    click.echo(f"experiment directory: {out}")
-    if failed:
-        raise GossipError(f"runs failed: {', '.join(failed)} (logs in their directories)")
-
-
-@main.command()
-@click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--target-loss", type=float,
-              help="Loss for the time-to-target column (default: the experiment's).")
-@click.option("--baseline", multiple=True, metavar="RUN",
-              help="Run the speed-ups are relative to (repeatable; default: the experiment's).")
-@click.option("--smooth", type=int, help="Rounds in the loss moving average (default 10).")
-@_fail_cleanly
-def plot(run_dir, target_loss, baseline, smooth):
-    """Loss vs time and vs bytes, accuracy vs round and vs bytes (PNG) of an experiment or
-    launch directory, and the table: final loss and accuracy, bytes, time, time to target."""
-    from gossip.experiment import report
-
-    if smooth is not None and smooth < 1:
-        raise ConfigError(f"--smooth: {smooth} must be >= 1")
-    report(run_dir, target=target_loss, baselines=baseline or None, smooth=smooth,
-           echo=click.echo)
-
-
-@main.group()
-def topology():
-    """Inspect topology files."""
-
-
-@topology.command("show")
-@click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--budget", metavar="C_B",
-              help="Also plan MATCHA at this communication budget in (0, 1]: matchings, "
-                   "activation probabilities, alpha and rho.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
-@_fail_cleanly
-def topology_show(path, budget, as_json):
-    """Peers, degrees, edges, Metropolis-Hastings mixing matrix and spectral gap; with
-    --budget, MATCHA's matchings, probabilities, alpha and rho too."""
-    import json
-
-    from gossip.topology import Topology
-
-    topo = Topology.from_yaml(path)
-    plan = None
-    if budget is not None:
-        from gossip.topology import matcha
-
-        try:  # parsed here, not by click, so a bad value is one line and exit 1
-            value = float(budget)
-        except ValueError:
-            raise ConfigError(f"--budget: {budget!r} is not a number in (0, 1]") from None
-        plan = matcha.plan(topo, value)
-    if as_json:
-        data = {"name": topo.name, "size": topo.size,
-                "edges": [[a, b] for a, b in topo.edges()],
-                "spectral_gap": topo.spectral_gap()}
-        click.echo(json.dumps({**data, **(plan.to_dict() if plan else {})}))
-    else:
-        click.echo(topo.describe() + ("\n" + plan.describe() if plan else ""))
-
-
-@main.group()
-def keys():
-    """CURVE keys that authenticate and encrypt peers."""
-
-
-@keys.command("generate")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Directory to write peer-R.key (secret, mode 0600) and peer-R.key.pub.")
-@click.option("--peers", type=int, help="One keypair per rank 0..PEERS-1.")
-@click.option("--topology", "topology_path", type=click.Path(dir_okay=False),
-              help="One keypair per rank of this topology file (instead of --peers).")
-@click.option("--force", is_flag=True, help="Replace existing key files.")
-@_fail_cleanly
-def keys_generate(out_dir, peers, topology_path, force):
-    """Write a fresh keypair per peer; name the directory in the topology (keys: DIR)."""
-    from gossip import keys as curve_keys
-
-    if (peers is None) == (topology_path is None):
-        raise ConfigError("keys generate: give exactly one of --peers N or --topology FILE")
-    if topology_path:
-        from gossip.topology import Topology
-
-        peers = Topology.from_yaml(topology_path).size
-    if peers < 1:
-        raise ConfigError(f"--peers: expected a positive number, got {peers}")
-    written = curve_keys.generate(out_dir, range(peers), force=force)
-    click.echo(f"{len(written) // 2} keypairs in {out_dir}: copy peer-R.key to rank R's machine "
-               f"only; the *.pub files may go everywhere. Name them in the topology with "
-               f"`keys: {out_dir}` (or each peer's public_key).")
-
-
-@main.group()
-def bench():
-    """Benchmarks measured side by side in one run (ratios, not absolute times)."""
-
-
-def _size(text: str) -> int:
-    units = {"k": 10**3, "m": 10**6, "g": 10**9}
-    text = text.strip().lower()
-    try:
-        if text and text[-1] in units:
-            return int(float(text[:-1]) * units[text[-1]])
-        return int(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size like 1000, 1M or 25M") from None
-
-
-def _bench_options(fn):
-    for option in reversed([
-        click.option("--peers", type=int, default=4, show_default=True),
-        click.option("--size", default="1M", show_default=True,
-                     help="float32 elements, e.g. 1M, 25M."),
-        click.option("--reps", type=int, default=10, show_default=True,
-                     help="Timed repetitions per trial (median taken)."),
-        click.option("--trials", type=int, default=3, show_default=True,
-                     help="Interleaved trials (median of per-trial ratios)."),
-    ]):
-        fn = option(fn)
-    return fn
-
-
-@bench.command("allreduce")
-@_bench_options
-@_fail_cleanly
-def bench_allreduce(peers, size, reps, trials):
-    """Our ring all-reduce vs torch.distributed gloo all-reduce (mean, in place)."""
-    from gossip.bench import compare
-
-    numel = _size(size)
-    click.echo(f"all-reduce of {numel} float32 over {peers} local peers")
-    compare.allreduce(peers, numel, reps=reps, trials=trials, echo=click.echo)
-
-
-@bench.command("gossip")
-@_bench_options
-@_fail_cleanly
-def bench_gossip(peers, size, reps, trials):
-    """One dpsgd round on a ring vs a bare zero-copy pyzmq exchange of the same bytes."""
-    from gossip.bench import compare
-
-    numel = _size(size)
-    click.echo(f"gossip round of {numel} float32 over {peers} local peers on a ring")
-    compare.gossip_round(peers, numel, reps=reps, trials=trials, echo=click.echo)
-
-
-@bench.command("compress")
-@click.option("--size", default="25M", show_default=True, help="float32 elements, e.g. 1M, 25M.")
-@click.option("--density", type=float, default=0.01, show_default=True,
-              help="Fraction kept by the sparsifiers.")
-@click.option("--reps", type=int, default=5, show_default=True,
-              help="Timed repetitions (median taken).")
-@click.option("--threads", type=int, help="torch intra-op threads (default: torch's).")
-@_fail_cleanly
-def bench_compress(size, density, reps, threads):
-    """Every compressor's time and wire bytes on one tensor, top-k vs torch.topk."""
-    import torch
-
-    from gossip.bench import compress
-
-    if threads:
-        torch.set_num_threads(threads)
-    compress.run(_size(size), density, reps=reps, echo=click.echo)
-
-
-@bench.command("sparse")
-@click.option("--peers", default="4", show_default=True,
-              help="Peers, or a comma list (e.g. 2,4,8) to show the growth with P.")
-@click.option("--size", default="1M", show_default=True, help="float32 elements, e.g. 1M, 5M.")
-@click.option("--density", type=float, default=0.01, show_default=True,
-              help="Fraction kept by the sparse strategies.")
-@click.option("--reps", type=int, default=5, show_default=True,
-              help="Timed repetitions per contender, interleaved (median taken).")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed repetitions.")
-@click.option("--indices", type=click.Choice(["compact", "int32"]), default="compact",
-              show_default=True, help="Index wire encoding of the sparse strategies.")
-@click.option("--only", help="Comma list of contenders (default: ring-allreduce, "
-                             "topk-allgather, gtopk, spardl); a sparse one may name its index "
-                             "coding, e.g. spardl:int32.")
-@click.option("--netns", is_flag=True,
-              help="Every peer in its own network namespace, links capped at --rate "
-                   "(needs root and iproute2).")
-@click.option("--rate", help="With --netns: cap of every link, each way.  [default: 1gbit]")
-@_fail_cleanly
-def bench_sparse(peers, size, density, reps, warmup, indices, only, netns, rate):
-    """Dense ring all-reduce, topk-allgather, gtopk and spardl: time and bytes per peer."""
-    from gossip.bench import sparse
-
-    try:
-        counts = [int(p) for p in peers.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"{peers!r} is not a number of peers or a comma list") \
-            from None
-    numel = _size(size)
-    contenders = only.split(",") if only else list(sparse.CONTENDERS)
-    click.echo(sparse.describe(counts, numel, density, netns=netns, rate=rate))
-    results = {}
-    for count in counts:
-        results[count] = sparse.run(count, numel, density, reps=reps, warmup=warmup,
-                                    contenders=contenders, indices=indices, netns=netns,
-                                    rate=rate)
-    click.echo(sparse.time_table(results))
-    click.echo("\nwhere the sparse strategies' time goes (ms, mean over peers of medians):")
-    click.echo(sparse.phase_table(results))
-
-
-@bench.command("soak")
-@click.option("--peers", type=int, default=8, show_default=True)
-@click.option("--size", default="1M", show_default=True, help="float32 elements per peer.")
-@click.option("--rounds", type=int, default=2000, show_default=True)
-@click.option("--warmup", type=int, default=50, show_default=True,
-              help="Rounds before the start sample (the allocator reaches its peak).")
-@_fail_cleanly
-def bench_soak(peers, size, rounds, warmup):
-    """Many dpsgd rounds on a ring; RSS, sockets, threads and descriptors per peer."""
-    from gossip.bench import soak
-
-    click.echo(f"soak: {rounds} dpsgd rounds of {_size(size)} float32 over {peers} local peers")
-    results = soak.soak(peers, _size(size), rounds, warmup=warmup)
-    if not soak.report(results, rounds, warmup, echo=click.echo):
-        raise SystemExit(1)

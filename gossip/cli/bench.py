@@ -1,0 +1,127 @@
+"""`gossip bench ...`: measurements side by side in one run (ratios, not absolute times)."""
+
+from __future__ import annotations
+
+import click
+
+from gossip.cli.common import fail_cleanly, main, parse_size
+
+
+@main.group()
+def bench():
+    """Benchmarks measured side by side in one run (ratios, not absolute times)."""
+
+
+def _bench_options(fn):
+    for option in reversed([
+        click.option("--peers", type=int, default=4, show_default=True),
+        click.option("--size", default="1M", show_default=True,
+                     help="float32 elements, e.g. 1M, 25M."),
+        click.option("--reps", type=int, default=10, show_default=True,
+                     help="Timed repetitions per trial (median taken)."),
+        click.option("--trials", type=int, default=3, show_default=True,
+                     help="Interleaved trials (median of per-trial ratios)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+@bench.command("allreduce")
+@_bench_options
+@fail_cleanly
+def bench_allreduce(peers, size, reps, trials):
+    """Our ring all-reduce vs torch.distributed gloo all-reduce (mean, in place)."""
+    from gossip.bench import compare
+
+    numel = parse_size(size)
+    click.echo(f"all-reduce of {numel} float32 over {peers} local peers")
+    compare.allreduce(peers, numel, reps=reps, trials=trials, echo=click.echo)
+
+
+@bench.command("gossip")
+@_bench_options
+@fail_cleanly
+def bench_gossip(peers, size, reps, trials):
+    """One dpsgd round on a ring vs a bare zero-copy pyzmq exchange of the same bytes."""
+    from gossip.bench import compare
+
+    numel = parse_size(size)
+    click.echo(f"gossip round of {numel} float32 over {peers} local peers on a ring")
+    compare.gossip_round(peers, numel, reps=reps, trials=trials, echo=click.echo)
+
+
+@bench.command("compress")
+@click.option("--size", default="25M", show_default=True, help="float32 elements, e.g. 1M, 25M.")
+@click.option("--density", type=float, default=0.01, show_default=True,
+              help="Fraction kept by the sparsifiers.")
+@click.option("--reps", type=int, default=5, show_default=True,
+              help="Timed repetitions (median taken).")
+@click.option("--threads", type=int, help="torch intra-op threads (default: torch's).")
+@fail_cleanly
+def bench_compress(size, density, reps, threads):
+    """Every compressor's time and wire bytes on one tensor, top-k vs torch.topk."""
+    import torch
+
+    from gossip.bench import compress
+
+    if threads:
+        torch.set_num_threads(threads)
+    compress.run(parse_size(size), density, reps=reps, echo=click.echo)
+
+
+@bench.command("sparse")
+@click.option("--peers", default="4", show_default=True,
+              help="Peers, or a comma list (e.g. 2,4,8) to show the growth with P.")
+@click.option("--size", default="1M", show_default=True, help="float32 elements, e.g. 1M, 5M.")
+@click.option("--density", type=float, default=0.01, show_default=True,
+              help="Fraction kept by the sparse strategies.")
+@click.option("--reps", type=int, default=5, show_default=True,
+              help="Timed repetitions per contender, interleaved (median taken).")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed repetitions.")
+@click.option("--indices", type=click.Choice(["compact", "int32"]), default="compact",
+              show_default=True, help="Index wire encoding of the sparse strategies.")
+@click.option("--only", help="Comma list of contenders (default: ring-allreduce, "
+                             "topk-allgather, gtopk, spardl); a sparse one may name its index "
+                             "coding, e.g. spardl:int32.")
+@click.option("--netns", is_flag=True,
+              help="Every peer in its own network namespace, links capped at --rate "
+                   "(needs root and iproute2).")
+@click.option("--rate", help="With --netns: cap of every link, each way.  [default: 1gbit]")
+@fail_cleanly
+def bench_sparse(peers, size, density, reps, warmup, indices, only, netns, rate):
+    """Dense ring all-reduce, topk-allgather, gtopk and spardl: time and bytes per peer."""
+    from gossip.bench import sparse
+
+    try:
+        counts = [int(p) for p in peers.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{peers!r} is not a number of peers or a comma list") \
+            from None
+    numel = parse_size(size)
+    contenders = only.split(",") if only else list(sparse.CONTENDERS)
+    click.echo(sparse.describe(counts, numel, density, netns=netns, rate=rate))
+    results = {}
+    for count in counts:
+        results[count] = sparse.run(count, numel, density, reps=reps, warmup=warmup,
+                                    contenders=contenders, indices=indices, netns=netns,
+                                    rate=rate)
+    click.echo(sparse.time_table(results))
+    click.echo("\nwhere the sparse strategies' time goes (ms, mean over peers of medians):")
+    click.echo(sparse.phase_table(results))
+
+
+@bench.command("soak")
+@click.option("--peers", type=int, default=8, show_default=True)
+@click.option("--size", default="1M", show_default=True, help="float32 elements per peer.")
+@click.option("--rounds", type=int, default=2000, show_default=True)
+@click.option("--warmup", type=int, default=50, show_default=True,
+              help="Rounds before the start sample (the allocator reaches its peak).")
+@fail_cleanly
+def bench_soak(peers, size, rounds, warmup):
+    """Many dpsgd rounds on a ring; RSS, sockets, threads and descriptors per peer."""
+    from gossip.bench import soak
+
+    click.echo(f"soak: {rounds} dpsgd rounds of {parse_size(size)} float32 over {peers} local peers")
+    results = soak.soak(peers, parse_size(size), rounds, warmup=warmup)
+    if not soak.report(results, rounds, warmup, echo=click.echo):
+        raise SystemExit(1)
