@@ -23,6 +23,7 @@ from scipy.optimize import linprog
 from gossip.cli import main
 from gossip.errors import ConfigError, TopologyError
 from gossip.topology import Topology, matcha
+from gossip.topology import matchings as colouring
 from gossip.topology.matcha import MatchaPlan
 
 # Reference graph 0 of the spec (8-node Erdos-Renyi) with its hand-made decomposition.
@@ -122,7 +123,7 @@ def test_misra_gries_fallback_is_proper_with_delta_plus_one(seed):
     if not edges:
         return
     k = max_degree(g) + 1
-    colours = matcha._misra_gries(g.number_of_nodes(), edges, k)
+    colours = colouring._misra_gries(g.number_of_nodes(), edges, k)
     assert all(0 <= c < k for c in colours)
     for v in g:
         at_v = [c for e, c in zip(edges, colours) if v in e]
