@@ -13,7 +13,6 @@ from typing import Any
 
 from gossip.compress import (  # noqa: F401  (register)
     cast,
-    identity,
     qsgd,
     randomk,
     sign,

@@ -1,4 +1,5 @@
-"""Casts to a 16-bit float: half the bytes, decompressed back to the original dtype."""
+"""Dense payloads: the tensor itself (``none``) or cast to a 16-bit float (half the bytes),
+decompressed back to the original dtype."""
 
 from __future__ import annotations
 
@@ -21,22 +22,25 @@ class Cast(Compressor):
     """Send ``x`` cast to ``dtype``; values beyond its range become ±inf (fp16: 65504).
 
     ω = 1 − u², u the unit roundoff (fp16: 2⁻¹¹, bf16: 2⁻⁸), ignoring overflow and underflow.
+    A ``dtype`` of None keeps the input's.
     """
 
-    dtype: torch.dtype
+    dtype: torch.dtype | None
     roundoff: float
 
     def compress(self, x: torch.Tensor, *, key: str = "", round: int = 0) -> Payload:
-        return Payload(header(self.name, x), (flatten(x).to(self.dtype).cpu(),))
+        flat = flatten(x)
+        return Payload(header(self.name, x), (flat.to(self.dtype or flat.dtype).cpu(),))
 
     def _buffer(self, p: Payload) -> tuple[torch.Tensor, torch.dtype, tuple[int, ...]]:
         head = parse_header(p, self.name)
         (buf,) = buffers(p, 1, self.name)
-        check_buffer(buf, self.dtype, head.numel, f"{self.name} buffer")
+        check_buffer(buf, self.dtype or head.dtype, head.numel, f"{self.name} buffer")
         return buf, head.dtype, head.shape
 
     def decompress(self, p: Payload) -> torch.Tensor:
         buf, dtype, shape = self._buffer(p)
+        # Always a copy: received buffers may live in read-only socket memory.
         return buf.to(dtype, copy=True).view(shape)
 
     def add_to(self, p: Payload, out: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
@@ -46,6 +50,16 @@ class Cast(Compressor):
 
     def quality(self, numel: int) -> float:
         return 1.0 - self.roundoff**2
+
+
+@COMPRESSORS.register("none")
+class Identity(Cast):
+    """Send the tensor as it is (zero-copy: the payload may alias the input); ω = 1."""
+
+    name = "none"
+    dtype = None
+    roundoff = 0.0
+    unbiased = True
 
 
 @COMPRESSORS.register("fp16")
