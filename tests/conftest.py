@@ -6,6 +6,8 @@ Every helper opens Peers as context managers, so each test leaves no socket behi
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -282,3 +284,33 @@ def flat(tensors) -> torch.Tensor:
 def train_steps() -> Callable[..., Steps]:
     """``train_steps(topology, strategy, steps=2, lr=0.1, same_init=True, loopback=False)``."""
     return run_training_steps
+
+
+# -- rejections -----------------------------------------------------------------------
+
+
+class Reasons(logging.Handler):
+    """Every rejection reason rank 0 logs, in order, quiet repeats included."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "rejected message" in record.msg and record.args[0] == 0:
+            self.reasons.append(record.args[1])
+
+    def seen(self, pattern: str) -> bool:
+        return any(re.search(pattern, reason) for reason in list(self.reasons))
+
+
+@pytest.fixture
+def reasons():
+    """The rejection reasons rank 0's transport logs during the test."""
+    handler, logger = Reasons(), logging.getLogger("gossip.transport")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)

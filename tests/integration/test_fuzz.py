@@ -16,11 +16,11 @@ keys anyone may send well-formed messages (test_security.py covers that).
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import random
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import msgpack
 import pytest
@@ -33,35 +33,14 @@ from gossip.errors import PeerTimeout
 from gossip.peer import Peer
 from gossip.transport import ZmqTransport, codec
 
+if TYPE_CHECKING:
+    from conftest import Reasons  # the `reasons` fixture's handler
+
 N = 16  # elements per gossip message
 MAX_MESSAGE_BYTES = 1 << 20
 HYPOTHESIS_EXAMPLES = 50
 HYPOTHESIS_BATCH = 40
 TOTAL = 10_000
-
-
-class Reasons(logging.Handler):
-    """Rejection reasons logged by one rank, in order."""
-
-    def __init__(self, rank: int):
-        super().__init__(logging.DEBUG)
-        self.rank = rank
-        self.reasons: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "rejected message" in record.msg and record.args[0] == self.rank:
-            self.reasons.append(record.args[1])
-
-
-@pytest.fixture
-def reasons():
-    handler, logger = Reasons(rank=0), logging.getLogger("gossip.transport")
-    old = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old)
 
 
 def value(rnd: int, rank: int) -> torch.Tensor:

@@ -8,8 +8,6 @@ still equals the oracle, and the target counts and names every attempt.
 
 from __future__ import annotations
 
-import logging
-import re
 import threading
 import time
 from contextlib import suppress
@@ -33,32 +31,6 @@ ATTACKS = {
     "wrong server key": "does not decrypt",
     "impersonation": "claims to come from peer 1 but was sent with peer 2's key",
 }
-
-
-class Reasons(logging.Handler):
-    """Every rejection reason rank 0 logs, quiet repeats included."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.reasons: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "rejected message" in record.msg and record.args[0] == 0:
-            self.reasons.append(record.args[1])
-
-    def seen(self, pattern: str) -> bool:
-        return any(re.search(pattern, reason) for reason in list(self.reasons))
-
-
-@pytest.fixture
-def reasons():
-    handler, logger = Reasons(), logging.getLogger("gossip.transport")
-    old_level = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
 
 
 @pytest.fixture
