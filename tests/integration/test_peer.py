@@ -141,12 +141,16 @@ def test_failed_peer_does_not_hang_its_neighbours_shutdown(local_topology, run_p
         pass
 
     all_bound = threading.Barrier(2, timeout=5)
+    # Rank 1 crashes only once rank 0 holds its round-0 message: a crash drops what is still
+    # queued (linger 0), and on a loaded machine that may be the round-0 message itself.
+    round_done = threading.Barrier(2, timeout=5)
 
     def peer_main(rank: int) -> None:
         try:
             with Peer(rank, topology, "dpsgd", timeout=1.0) as peer:
                 all_bound.wait()
                 peer.synchronize(torch.ones(3), 0)
+                round_done.wait()
                 if rank == 1:
                     raise Crash  # leaves without a goodbye
                 start = time.monotonic()
