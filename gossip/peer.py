@@ -80,7 +80,8 @@ class Peer:
         """Build another strategy on this peer's transport (give it a distinct ``tag``)."""
         strategy = create_strategy(name, rank=self.rank, topology=self.topology,
                                    transport=self.transport, options=options)
-        self.transport.accept_kinds(strategy.kinds)
+        self.transport.accept_kinds(strategy.kinds,
+                                    receiver_checks_finite=strategy.checks_own_result)
         return strategy
 
     @property

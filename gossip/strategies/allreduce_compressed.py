@@ -77,7 +77,7 @@ class CompressedRingAllReduce(RingAllReduce):
                 self._decode_into(payload, out[lo:hi])
                 if step < p - 2:
                     self._send_payload(ag, round, step + 1, j, n, payload)
-        return out.view_as(x)
+        return self._check_finite(out, round).view_as(x)
 
     def _compress(self, values: torch.Tensor, kind: str, step: int, piece: int,
                   round: int) -> Payload:

@@ -29,6 +29,9 @@ class Strategy(ABC):
     """
 
     operates_on: ClassVar[Literal["grads", "params"]]
+    #: ``synchronize`` raises on a NaN/Inf result itself, so the transport need not check
+    #: every incoming frame of its kinds.
+    checks_own_result: ClassVar[bool] = False
 
     def __init__(self, *, rank: int, topology, transport: Transport):
         self.rank = rank

@@ -134,6 +134,7 @@ class Transport(ABC):
         self.max_message_bytes = max_message_bytes
         self.max_pending_bytes = max_pending_bytes
         self.reject_nonfinite = reject_nonfinite
+        self._finite_exempt: frozenset[str] = frozenset()  # kinds whose receiver checks
         self.stats = TransportStats()
         self._pending: deque[tuple[Message, int]] = deque()
         self._pending_bytes = 0
@@ -166,9 +167,16 @@ class Transport(ABC):
         """Called for every accepted message (goodbyes included), e.g. to track connections."""
 
     # -- public API -----------------------------------------------------------------------
-    def accept_kinds(self, kinds: Sequence[str]) -> None:
-        """Also accept messages of these kinds from now on."""
+    def accept_kinds(self, kinds: Sequence[str], *, receiver_checks_finite: bool = False) -> None:
+        """Also accept messages of these kinds from now on.
+
+        ``receiver_checks_finite``: the receiver raises on a NaN/Inf result itself, so
+        their frames skip the per-message NaN/Inf check (one read of the result instead of
+        one per hop).
+        """
         self.kinds = (self.kinds or frozenset()) | frozenset(kinds)
+        if receiver_checks_finite:
+            self._finite_exempt |= frozenset(kinds)
 
     def send(self, dst: int, msg: Message, *, track: bool = False) -> Delivery:
         """Queue ``msg`` for ``dst`` and return at once; the message may still be in flight.
@@ -260,7 +268,8 @@ class Transport(ABC):
         try:
             msg = codec.decode(frames, kinds=self.kinds and self.kinds | {BYE},
                                max_message_bytes=self.max_message_bytes, peers=self.size,
-                               sender=self._sender(frames), finite=self.reject_nonfinite)
+                               sender=self._sender(frames), finite=self.reject_nonfinite,
+                               finite_exempt=self._finite_exempt)
         except ProtocolError as exc:
             self.reject(f"{exc} ({size} bytes)", nbytes=size)
             return None, size

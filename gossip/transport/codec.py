@@ -85,6 +85,7 @@ def decode(
     peers: int | None = None,
     sender: int | None = None,
     finite: bool = False,
+    finite_exempt: frozenset[str] = frozenset(),
 ) -> Message:
     """Validate and decode received frames (bytes or zmq.Frame) into a Message.
 
@@ -96,6 +97,7 @@ def decode(
         sender: The authenticated rank the frames came from; a header claiming another
             ``src`` is rejected (impersonation).
         finite: Reject float tensors holding NaN or Inf.
+        finite_exempt: Kinds not checked for NaN/Inf: their receiver checks its result.
 
     Raises:
         ProtocolError: naming what is wrong with the message.
@@ -148,7 +150,7 @@ def decode(
                 f"frame has {len(buf)}"
             )
         buffers.append(_as_tensor(buf, dtype, shape))
-    if finite:
+    if finite and kind not in finite_exempt:
         for i, tensor in enumerate(buffers):
             if has_nonfinite(tensor):
                 raise ProtocolError(f"{kind} round {rnd} from peer {src}: tensor {i} "

@@ -29,7 +29,7 @@ import zmq
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gossip.errors import PeerTimeout
+from gossip.errors import PeerTimeout, ProtocolError
 from gossip.peer import Peer
 from gossip.transport import ZmqTransport, codec
 
@@ -466,3 +466,25 @@ def test_a_neighbour_gone_nan_is_named_instead_of_mixed_in(local_topology, run_p
     assert "1 message(s) rejected meanwhile, the last: gossip round 0 from peer 1: tensor 0 " \
            "(float32) holds NaN or Inf" in errors[0]
     assert torch.isnan(out[1]).all()  # its own NaN is its own business
+
+
+@pytest.mark.parametrize("poison", [math.nan, math.inf])
+def test_ring_allreduce_refuses_a_nan_mean_on_every_peer(local_topology, run_peers, poison):
+    """Ring all-reduce checks its result once instead of every frame: one peer's NaN/Inf
+    reaches every peer's mean, and every peer raises instead of returning it."""
+    topology = local_topology("ring", 3)
+    errors: list[str] = ["", "", ""]
+
+    def peer_main(rank: int) -> None:
+        with Peer(rank, topology, "ring-allreduce", timeout=10.0) as peer:
+            x = torch.ones(N + 1)
+            if rank == 1:
+                x[N // 2] = poison
+            try:
+                peer.synchronize(x, 4)
+            except ProtocolError as exc:
+                errors[rank] = str(exc)
+
+    run_peers(3, peer_main, timeout=30.0)
+    for rank in range(3):
+        assert f"rank {rank}: the all-reduced mean of round 4 holds NaN or Inf" in errors[rank]
