@@ -1,4 +1,5 @@
-"""QSGD (Alistarh et al. 2017): stochastic rounding of |x| / ‖x‖ to s levels; unbiased."""
+"""QSGD (Alistarh et al. 2017): stochastic rounding of |x| / ‖x‖ to s levels per bucket;
+unbiased."""
 
 from __future__ import annotations
 
@@ -17,11 +18,10 @@ from gossip.compress.base import (
     flatten,
     generator,
     header,
-    meta_float,
     meta_int,
     parse_header,
 )
-from gossip.compress.dense import decoded, finite, work_dtype, work_numpy
+from gossip.compress.dense import finite, work_dtype, work_numpy
 from gossip.compress.packing import expand_codes, pack_codes, packed_size
 from gossip.errors import ConfigError, ProtocolError
 
@@ -37,14 +37,20 @@ def code_format(levels: int) -> tuple[str, torch.dtype]:
 
 @COMPRESSORS.register("qsgd")
 class QSGD(Compressor):
-    """x ≈ ‖x‖₂ · sign(x) · l / s, l ∈ {0..s} rounded up with probability of the remainder.
+    """x ≈ ‖x_b‖₂ · sign(x) · l / s per bucket b, l ∈ {0..s} rounded up with probability of
+    the remainder.
 
-    Unbiased with variance factor c = min(d/s², √d/s); ``quality`` is ω = 1/(1 + c) of the
-    rescaled Q/(1 + c) (choco.md). The norm travels in meta (a float64, exact), the codes
-    sign·l as 4-bit nibbles (s <= 7), int8 (s <= 127) or int16.
+    Each bucket of ``bucket`` consecutive values is scaled by its own norm, as in the paper's
+    experiments: the variance factor c = min(b/s², √b/s) depends on the bucket size b instead
+    of the tensor's length d, so large tensors stay usable with few levels (with one bucket of
+    25M values and s = 16, c = 312: the noise swamps the signal). ``quality`` is
+    ω = 1/(1 + c) of the rescaled Q/(1 + c) (choco.md). The norms travel as a second buffer
+    (float32; float64 for float64 input), the codes sign·l as 4-bit nibbles (s <= 7), int8
+    (s <= 127) or int16.
 
     Args:
         levels: s, the number of magnitude levels, 1 to 32767.
+        bucket: Values per norm; None or 0: one bucket, the whole tensor.
         seed: Seeds the rounding (per key and round). Give peers different seeds (e.g. their
             rank) so their rounding noise is independent and averages out.
     """
@@ -52,63 +58,81 @@ class QSGD(Compressor):
     name = "qsgd"
     unbiased = True
 
-    def __init__(self, *, levels: int = 16, seed: int = 0):
+    def __init__(self, *, levels: int = 16, bucket: int | None = 512, seed: int = 0):
         if not isinstance(levels, int) or isinstance(levels, bool) or not (
                 1 <= levels <= MAX_LEVELS):
             raise ConfigError(f"levels must be an int in [1, {MAX_LEVELS}], got {levels!r}")
+        if bucket is not None and (not isinstance(bucket, int) or isinstance(bucket, bool)
+                                   or bucket < 0):
+            raise ConfigError(f"bucket must be an int >= 1 (or 0/None: one bucket), "
+                              f"got {bucket!r}")
         self.levels = levels
+        self.bucket = bucket or None
         self.seed = check_seed(seed)
+
+    def _bucket(self, numel: int) -> int:
+        """Values per norm for a tensor of ``numel`` values (>= 1)."""
+        return max(1, min(self.bucket or numel, numel))
 
     def compress(self, x: torch.Tensor, *, key: str = "", round: int = 0) -> Payload:
         flat = flatten(x)
         work = work_dtype(flat)
-        s = self.levels
-        norm = finite(float(torch.linalg.vector_norm(work)), "norm") if work.numel() else 0.0
+        s, n = self.levels, work.numel()
+        b = self._bucket(n)
         kind, dtype = code_format(s)
-        if norm == 0.0:
-            codes = torch.zeros(work.numel(), dtype=dtype)
-        else:
-            noise = torch.rand(work.numel(), generator=generator(self.seed, key, round),
-                               dtype=work.dtype).to(work.device)
-            # floor(r + U) = floor(r) + 1 with probability frac(r): unbiased rounding.
-            # |x|/‖x‖ can exceed 1 by an ulp; never emit a level beyond s.
-            level = work.abs().mul_(s / norm).add_(noise).floor_().clamp_(max=s)
-            codes = level.mul_(work.sign()).to(dtype if kind != "nibble" else torch.int8)
+        # |x| in rows of one bucket each; the last row padded with zeros.
+        rows = work.new_zeros(-(-n // b), b)
+        rows.view(-1)[:n] = work.abs()
+        norms = torch.linalg.vector_norm(rows, dim=1)
+        finite(float(norms.max()) if n else 0.0, "norm")
+        noise = torch.rand(rows.shape, generator=generator(self.seed, key, round),
+                           dtype=work.dtype).to(work.device)
+        # floor(r + U) = floor(r) + 1 with probability frac(r): unbiased rounding.
+        # |x|/‖x‖ can exceed 1 by an ulp; never emit a level beyond s. A zero bucket stays 0.
+        inverse = torch.where(norms > 0, s / norms, torch.zeros_like(norms))
+        level = rows.mul_(inverse[:, None]).add_(noise).floor_().clamp_(max=s).view(-1)[:n]
+        codes = level.mul_(work.sign()).to(dtype if kind != "nibble" else torch.int8)
         meta = header(self.name, x)
-        meta.update(s=s, norm=norm)
+        meta.update(s=s, bucket=b)
+        norms = norms.cpu().contiguous()
         if kind == "nibble":
-            return Payload(meta, (pack_codes((codes + 7).to(torch.uint8), 4, fill=7),))
-        return Payload(meta, (codes.cpu().contiguous(),))
+            return Payload(meta, (pack_codes((codes + 7).to(torch.uint8), 4, fill=7), norms))
+        return Payload(meta, (codes.cpu().contiguous(), norms))
 
     def decompress(self, p: Payload) -> torch.Tensor:
         head = parse_header(p, self.name)
         s = meta_int(p.meta, "s", 1, MAX_LEVELS)
-        norm = meta_float(p.meta, "norm")
-        (buf,) = buffers(p, 1, self.name)
+        b = meta_int(p.meta, "bucket", 1, max(1, head.numel))
+        codes_buf, norms_buf = buffers(p, 2, self.name)
         kind, dtype = code_format(s)
-        step = norm / s
+        work = torch.float64 if head.dtype == torch.float64 else torch.float32
+        norms = check_buffer(norms_buf, work, -(-head.numel // b), "qsgd norms")
+        if norms.numel() and not (float(norms.min()) >= 0 and math.isfinite(float(norms.max()))):
+            raise ProtocolError("qsgd payload: a bucket norm is negative, NaN or Inf")
         if kind == "nibble":
-            check_buffer(buf, dtype, packed_size(head.numel, 4), "qsgd codes")
+            check_buffer(codes_buf, dtype, packed_size(head.numel, 4), "qsgd codes")
             nibble = np.arange(16) - 7
-            table = (nibble * step).astype(work_numpy(head.dtype))
             try:
-                values = expand_codes(buf, 4, head.numel, table, valid=np.abs(nibble) <= s)
+                levels = expand_codes(codes_buf, 4, head.numel, nibble.astype(work_numpy(
+                    head.dtype)), valid=np.abs(nibble) <= s)
             except ProtocolError:
                 raise ProtocolError(f"qsgd payload: a code exceeds the {s} levels") from None
-            return decoded(values, head)
-        codes = check_buffer(buf, dtype, head.numel, "qsgd codes")
-        # min/max, not abs: abs(-128) overflows int8.
-        if codes.numel() and (int(codes.min()) < -s or int(codes.max()) > s):
-            raise ProtocolError(f"qsgd payload: a code exceeds the {s} levels")
-        work = torch.float64 if head.dtype == torch.float64 else torch.float32
-        return codes.to(work).mul_(step).to(head.dtype).view(head.shape)
+            values = torch.from_numpy(levels)
+        else:
+            codes = check_buffer(codes_buf, dtype, head.numel, "qsgd codes")
+            # min/max, not abs: abs(-128) overflows int8.
+            if codes.numel() and (int(codes.min()) < -s or int(codes.max()) > s):
+                raise ProtocolError(f"qsgd payload: a code exceeds the {s} levels")
+            values = codes.to(work)
+        steps = (norms.to(work) / s).repeat_interleave(b)[:head.numel]
+        return values.mul_(steps).to(head.dtype).view(head.shape)
 
     def quality(self, numel: int) -> float:
         if numel == 0:
             return 1.0
-        s = self.levels
-        return 1.0 / (1.0 + min(numel / s**2, math.sqrt(numel) / s))
+        s, b = self.levels, self._bucket(numel)
+        return 1.0 / (1.0 + min(b / s**2, math.sqrt(b) / s))
 
     def __repr__(self) -> str:
-        return f"QSGD(levels={self.levels})"
+        return f"QSGD(levels={self.levels}, bucket={self.bucket})"
 

@@ -69,6 +69,8 @@ def test_unknown_option_lists_the_allowed_ones():
     ("threshold", {"threshold": -1.0}, "threshold must be a finite number >= 0"),
     ("qsgd", {"levels": 0}, "levels must be an int in \\[1, 32767\\]"),
     ("qsgd", {"levels": 2.5}, "levels"),
+    ("qsgd", {"bucket": -1}, "bucket must be an int >= 1"),
+    ("qsgd", {"bucket": 1.5}, "bucket must be an int >= 1"),
 ])
 def test_invalid_option_values_are_named(name, options, words):
     with pytest.raises(ConfigError, match=words):
@@ -84,8 +86,13 @@ def test_flags_and_quality():
     assert create("topk", density=0.01).quality(1000) == pytest.approx(0.01)
     assert create("randomk", density=0.1).quality(1000) == pytest.approx(0.1)
     # choco.md: QSGD rescaled by 1/τ, τ = 1 + min(d/s², √d/s)
-    assert create("qsgd", levels=16).quality(2000) == pytest.approx(
+    # with d the bucket size (512 by default, at most the length)
+    assert create("qsgd", levels=16, bucket=0).quality(2000) == pytest.approx(
         1 / (1 + min(2000 / 256, math.sqrt(2000) / 16)))
+    assert create("qsgd", levels=16).quality(2000) == pytest.approx(
+        1 / (1 + min(512 / 256, math.sqrt(512) / 16)))
+    assert create("qsgd", levels=16).quality(100) == pytest.approx(
+        1 / (1 + min(100 / 256, math.sqrt(100) / 16)))
     assert create("fp16").quality(10) == pytest.approx(1.0, abs=1e-6)
     for name in NAMES:
         omega = create(name).quality(1000)
@@ -223,7 +230,9 @@ def check_semantics(name: str, x: torch.Tensor, y: torch.Tensor, p: Payload) -> 
         else:
             assert int(p.meta["k"]) == k_for(0.01, x.numel())
     elif name == "qsgd":
-        grid = y.double() / (p.meta["norm"] / p.meta["s"]) if p.meta["norm"] else y.double()
+        steps = (p.buffers[1].double() / p.meta["s"]).repeat_interleave(p.meta["bucket"])
+        steps = steps[:y.numel()].view_as(y)
+        grid = torch.where(steps > 0, y.double() / steps, y.double())
         assert torch.allclose(grid, grid.round(), atol=1e-3)
         assert bool((torch.sign(y) * torch.sign(x) >= 0).all())
     elif name == "terngrad":
@@ -386,20 +395,40 @@ def test_truncated_index_data_of_every_scheme_is_rejected():
             create("topk").decompress(Payload(meta, (torch.zeros(5), data[:-1])))
 
 
+def test_qsgd_scales_each_bucket_by_its_own_norm():
+    """A bucket of small values next to one of large values keeps its own resolution: with
+    one norm for the whole tensor the small ones would all round to 0 or to a huge step."""
+    x = torch.cat([torch.full((512,), 1000.0), torch.linspace(-1e-3, 1e-3, 300)])
+    q = create("qsgd", levels=16).compress(x)
+    assert q.meta["bucket"] == 512 and q.buffers[1].shape == (2,)
+    torch.testing.assert_close(q.buffers[1], torch.stack([x[:512].norm(), x[512:].norm()]))
+    small = create("qsgd").decompress(q)[512:]
+    step = float(x[512:].norm()) / 16
+    assert float((small - x[512:]).abs().max()) <= step * 1.0001
+    whole = create("qsgd", levels=16, bucket=0).compress(x)
+    assert whole.buffers[1].shape == (1,)
+
+
 def test_malformed_dense_payloads_are_rejected():
     x = gaussian(10)
     q = create("qsgd", levels=16).compress(x)
+    codes, norms = q.buffers
     for bad in (17, -17, -128):
         with pytest.raises(ProtocolError, match="code exceeds the 16 levels"):
             create("qsgd").decompress(Payload(q.meta, (torch.full((10,), bad,
-                                                                  dtype=torch.int8),)))
+                                                                  dtype=torch.int8), norms)))
     nibbles = torch.full((5,), 0xFF, dtype=torch.uint8)  # code 15 - 7 = 8 > 4
     with pytest.raises(ProtocolError, match="code exceeds the 4 levels"):
-        create("qsgd").decompress(Payload({**q.meta, "s": 4}, (nibbles,)))
+        create("qsgd").decompress(Payload({**q.meta, "s": 4}, (nibbles, norms)))
     with pytest.raises(ProtocolError, match="qsgd codes"):
         create("qsgd").decompress(Payload({**q.meta, "s": 200}, q.buffers))
-    with pytest.raises(ProtocolError, match="'norm'"):
-        create("qsgd").decompress(Payload({**q.meta, "norm": float("nan")}, q.buffers))
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ProtocolError, match="bucket norm is negative, NaN or Inf"):
+            create("qsgd").decompress(Payload(q.meta, (codes, torch.tensor([bad]))))
+    with pytest.raises(ProtocolError, match="qsgd norms"):  # 2 buckets of 5 need 2 norms
+        create("qsgd").decompress(Payload({**q.meta, "bucket": 5}, q.buffers))
+    with pytest.raises(ProtocolError, match="'bucket'"):
+        create("qsgd").decompress(Payload({**q.meta, "bucket": 11}, q.buffers))
     t = create("terngrad").compress(x)
     with pytest.raises(ProtocolError, match="invalid ternary code"):
         create("terngrad").decompress(Payload(t.meta, (torch.full((3,), 255, dtype=torch.uint8),)))
