@@ -44,6 +44,10 @@ def plot_curves(curves: Sequence[Curve], out: Path, *, target: float | None = No
             ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
             ax.annotate(f"target {target:g}", (0.99, target), xycoords=("axes fraction", "data"),
                         ha="right", va="bottom", fontsize=8, color="grey")
+        if x_attr == "bytes_sent" and _spread([c.bytes_sent[-1] for c in curves]) > 10:
+            # compressed runs send 10-100x less: on a linear axis they hug x = 0
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(_plain))
         if log_y:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(_plain))
@@ -61,6 +65,12 @@ def plot_curves(curves: Sequence[Curve], out: Path, *, target: float | None = No
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _spread(totals: Sequence[float]) -> float:
+    """Largest over smallest positive total (1 if there are none)."""
+    positive = [float(t) for t in totals if t > 0]
+    return max(positive) / min(positive) if positive else 1.0
 
 
 def _plain(value: float, _position=None) -> str:
