@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,8 +71,13 @@ def run_peers() -> Callable[..., list]:
 
 
 def make_local_topology(kind: str, n: int | None = None, **params) -> Topology:
-    """A generated topology with every peer on 127.0.0.1 at a currently free port."""
-    topology = Topology.generate(kind, n, host="127.0.0.1", **params)
+    """A generated topology (or, for a name like ``irregular-7``, the shipped file
+    topologies/NAME.yaml) with every peer on 127.0.0.1 at a currently free port."""
+    shipped = Path(__file__).parent.parent / "topologies" / f"{kind}.yaml"
+    if shipped.exists():
+        topology = Topology.from_yaml(shipped).relocated(host="127.0.0.1")
+    else:
+        topology = Topology.generate(kind, n, host="127.0.0.1", **params)
     return topology.relocated(ports=free_ports(topology.size))
 
 
@@ -165,6 +171,37 @@ class Oracle:
         """``(W @ X)[rank]`` per round for ``data[round, rank, n]``, float64."""
         return torch.from_numpy(np.einsum("ij,rjn->rin", topology.mixing_matrix(),
                                           data.double().numpy()))
+
+    @staticmethod
+    def matcha_active(plan, seed: int, round: int) -> list[int]:
+        """The matchings active in ``round``, drawn as documented: ``default_rng([seed,
+        round])``, one uniform per matching, active iff below its probability."""
+        draws = np.random.default_rng([seed, round]).random(len(plan.matchings))
+        return [j for j, p in enumerate(plan.probabilities) if draws[j] < p]
+
+    @classmethod
+    def matcha_mixing(cls, plan, seed: int, round: int) -> np.ndarray:
+        """W(k) = I - alpha * sum of the active matchings' Laplacians, built pair by pair."""
+        w = np.eye(plan.size)
+        for j in cls.matcha_active(plan, seed, round):
+            for a, b in plan.matchings[j]:
+                w[a, b] = w[b, a] = plan.alpha
+                w[a, a] -= plan.alpha
+                w[b, b] -= plan.alpha
+        return w
+
+    @classmethod
+    def matcha_partners(cls, plan, seed: int, round: int, rank: int) -> list[int]:
+        """``rank``'s partners in ``round``, in matching order."""
+        return [b if a == rank else a for j in cls.matcha_active(plan, seed, round)
+                for a, b in plan.matchings[j] if rank in (a, b)]
+
+    @classmethod
+    def matcha_mix(cls, plan, seed: int, data: torch.Tensor) -> torch.Tensor:
+        """``W(k) @ data[k]`` for every round k, float64; ``data[round, rank, ...]``."""
+        flat = data.double().flatten(2).numpy()
+        mixed = np.stack([cls.matcha_mixing(plan, seed, k) @ flat[k] for k in range(len(flat))])
+        return torch.from_numpy(mixed).view(data.shape)
 
     @staticmethod
     def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from gossip.netutil import free_ports
 from gossip.topology import Topology, matcha
 from gossip.transport import codec
 
@@ -27,37 +26,9 @@ TOPOLOGIES = {
 
 def make_topology(name: str, local_topology) -> Topology:
     if TOPOLOGIES[name] is None:
-        topology = Topology.from_yaml(f"topologies/{name}.yaml")
-        return topology.relocated(host="127.0.0.1", ports=free_ports(topology.size))
+        return local_topology(name)
     kind, n, params = TOPOLOGIES[name]
     return local_topology(kind, n, **params)
-
-
-def active_matchings(plan: matcha.MatchaPlan, seed: int, round: int) -> list[int]:
-    draws = np.random.default_rng([seed, round]).random(len(plan.matchings))
-    return [j for j, p in enumerate(plan.probabilities) if draws[j] < p]
-
-
-def oracle_mixing(plan: matcha.MatchaPlan, seed: int, round: int) -> np.ndarray:
-    w = np.eye(plan.size)
-    for j in active_matchings(plan, seed, round):
-        for a, b in plan.matchings[j]:
-            w[a, b] = w[b, a] = plan.alpha
-            w[a, a] -= plan.alpha
-            w[b, b] -= plan.alpha
-    return w
-
-
-def expected(plan: matcha.MatchaPlan, seed: int, data: torch.Tensor) -> torch.Tensor:
-    """``(W(k) @ data[k])`` for every round k, float64; data is ``[round, rank, ...]``."""
-    flat = data.double().flatten(2).numpy()
-    mixed = np.stack([oracle_mixing(plan, seed, k) @ flat[k] for k in range(len(flat))])
-    return torch.from_numpy(mixed).view(data.shape)
-
-
-def partners(plan: matcha.MatchaPlan, seed: int, round: int, rank: int) -> list[int]:
-    return [b if a == rank else a for j in active_matchings(plan, seed, round)
-            for a, b in plan.matchings[j] if rank in (a, b)]
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["out=None", "out=x"])
@@ -70,17 +41,17 @@ def test_each_round_mixes_over_the_active_matchings(name, dtype, inplace, local_
     plan = matcha.plan(topology, 0.5)
     data = make_data(rounds, topology.size, (13,), dtype, seed=topology.size)
     run = run_rounds(topology, "matcha", data, inplace=inplace, budget=0.5, seed=seed)
-    oracle.assert_close(run.results, expected(plan, seed, data))
+    oracle.assert_close(run.results, oracle.matcha_mix(plan, seed, data))
     # The schedule really varied: not every round activated the same matchings.
-    assert len({tuple(active_matchings(plan, seed, k)) for k in range(rounds)}) > 1
+    assert len({tuple(oracle.matcha_active(plan, seed, k)) for k in range(rounds)}) > 1
     # Exactly one message per active partner and round, plus one goodbye per partner met.
     for rank, stats in enumerate(run.stats):
-        met = {q for k in range(rounds) for q in partners(plan, seed, k, rank)}
-        sends = sum(len(partners(plan, seed, k, rank)) for k in range(rounds))
+        met = {q for k in range(rounds) for q in oracle.matcha_partners(plan, seed, k, rank)}
+        sends = sum(len(oracle.matcha_partners(plan, seed, k, rank)) for k in range(rounds))
         assert stats["messages_sent"] == sends + len(met)
 
 
-def test_isolated_peers_keep_their_value_and_send_nothing(local_topology, run_rounds,
+def test_isolated_peers_keep_their_value_and_send_nothing(local_topology, run_rounds, oracle,
                                                           make_data):
     """A small budget on a star leaves most leaves out of most rounds."""
     topology = local_topology("star", 5)
@@ -89,11 +60,11 @@ def test_isolated_peers_keep_their_value_and_send_nothing(local_topology, run_ro
     data = make_data(rounds, 5, (7,), torch.float64, seed=2)
     run = run_rounds(topology, "matcha", data, inplace=True, budget=0.2, seed=seed)
     isolated = [(k, r) for k in range(rounds) for r in range(5)
-                if not partners(plan, seed, k, r)]
+                if not oracle.matcha_partners(plan, seed, k, r)]
     assert len(isolated) >= rounds  # at least the leaves outside each round's single edge
     for k, r in isolated:
         assert torch.equal(run.results[k, r], data[k, r])
-    torch.testing.assert_close(run.results, expected(plan, seed, data), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(run.results, oracle.matcha_mix(plan, seed, data), rtol=1e-12, atol=1e-12)
 
 
 def test_full_budget_is_a_fixed_mixing_matrix(local_topology, run_rounds, make_data, oracle):
@@ -110,8 +81,8 @@ def test_full_budget_is_a_fixed_mixing_matrix(local_topology, run_rounds, make_d
                                                                 data.numpy())))
 
 
-def test_single_peer_returns_its_value(run_rounds, make_data):
-    topology = Topology.generate("ring", 1).relocated(ports=free_ports(1))
+def test_single_peer_returns_its_value(run_rounds, make_data, local_topology):
+    topology = local_topology("ring", 1)
     data = make_data(3, 1, (5,), torch.float32, seed=1)
     run = run_rounds(topology, "matcha", data, inplace=True, budget=0.5)
     assert torch.equal(run.results, data)
@@ -126,22 +97,22 @@ def test_mean_is_preserved(local_topology, run_rounds, make_data, oracle):
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["out=None", "out=x"])
-def test_large_tensors_sent_zero_copy(inplace, local_topology, run_rounds, make_data):
+def test_large_tensors_sent_zero_copy(inplace, local_topology, run_rounds, make_data, oracle):
     topology = local_topology("ring", 5)
     plan = matcha.plan(topology, 0.6)
     data = make_data(3, 5, (codec.ZERO_COPY_MIN_BYTES // 4 + 5,), torch.float32, seed=9)
     run = run_rounds(topology, "matcha", data, inplace=inplace, budget=0.6, seed=2)
-    torch.testing.assert_close(run.results.double(), expected(plan, 2, data),
+    torch.testing.assert_close(run.results.double(), oracle.matcha_mix(plan, 2, data),
                                rtol=1e-5, atol=1e-5)
 
 
-def test_peer_step_mixes_the_locally_updated_parameters(local_topology, train_steps):
+def test_peer_step_mixes_the_locally_updated_parameters(local_topology, train_steps, oracle):
     """Peer.step (default budget 0.5, seed 0): local SGD step, then round k of W(k)."""
     topology = local_topology("torus", rows=2, cols=4)
     steps = train_steps(topology, "matcha", steps=3, lr=0.05, same_init=False)
     plan = matcha.plan(topology, 0.5)
     half = (steps.before - 0.05 * steps.grads).double()
-    mixed = torch.stack([torch.from_numpy(oracle_mixing(plan, 0, k)) @ half[k]
+    mixed = torch.stack([torch.from_numpy(oracle.matcha_mixing(plan, 0, k)) @ half[k]
                          for k in range(3)])
     torch.testing.assert_close(steps.after.double(), mixed, rtol=1e-5, atol=1e-6)
 
