@@ -26,8 +26,8 @@ from gossip.transport import LoopbackHub
 
 # Tolerances of a float result against a float64 oracle.
 TOLERANCE = {
-    torch.float32: dict(rtol=1e-5, atol=1e-6),
-    torch.float64: dict(rtol=1e-12, atol=1e-12),
+    torch.float32: {"rtol": 1e-5, "atol": 1e-6},
+    torch.float64: {"rtol": 1e-12, "atol": 1e-12},
 }
 
 
@@ -148,6 +148,35 @@ def run_rounds_on_peers(topology: Topology, strategy: str, data: torch.Tensor, *
 def run_rounds() -> Callable[..., Rounds]:
     """``run_rounds(topology, strategy, data, loopback=False, inplace=False, **options)``."""
     return run_rounds_on_peers
+
+
+def iterate_on_peers(topology: Topology, strategy: str, x0: torch.Tensor, rounds: int, *,
+                     loopback: bool = True, timeout: float = 10.0,
+                     **options) -> tuple[torch.Tensor, list]:
+    """Every peer feeds its result back in as its next input for ``rounds`` rounds,
+    starting from ``x0[rank]``; returns the final ``x[rank]`` stacked and each peer's
+    strategy (for its state, e.g. CHOCO's public copies)."""
+    size = topology.size
+    hub = LoopbackHub(size) if loopback else None
+    final, strategies = [None] * size, [None] * size
+    all_bound = threading.Barrier(size, timeout=timeout)
+
+    def peer_main(rank: int) -> None:
+        with open_peer(rank, topology, strategy, hub=hub, timeout=timeout, **options) as peer:
+            all_bound.wait()
+            x = x0[rank].clone()
+            for rnd in range(rounds):
+                x = peer.synchronize(x, rnd, out=x)
+            final[rank], strategies[rank] = x, peer.strategy
+
+    run_in_threads(size, peer_main, timeout=120)
+    return torch.stack(final), strategies
+
+
+@pytest.fixture
+def iterate() -> Callable[..., tuple[torch.Tensor, list]]:
+    """``iterate(topology, strategy, x0, rounds, loopback=True, **options)``."""
+    return iterate_on_peers
 
 
 def assert_balanced(stats: list[dict]) -> None:

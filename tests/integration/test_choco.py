@@ -3,8 +3,6 @@ checked against the invariants of choco.md and a float64 oracle."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -13,28 +11,6 @@ from gossip.errors import ConfigError
 from gossip.peer import Peer
 from gossip.strategies.choco import ChocoGossip, default_gamma
 from gossip.transport import LoopbackHub
-
-
-def gossip_rounds(run_peers, topology, x0: torch.Tensor, rounds: int, *, loopback: bool = True,
-                  **options) -> tuple[torch.Tensor, list]:
-    """Every peer feeds its result back for ``rounds`` CHOCO steps; returns the final
-    ``x[rank]`` and each peer's strategy (public copy and neighbourhood mix)."""
-    size = topology.size
-    hub = LoopbackHub(size) if loopback else None
-    final, strategies = [None] * size, [None] * size
-    bound = threading.Barrier(size, timeout=10)
-
-    def peer_main(rank: int) -> None:
-        transport = hub.transport(rank, timeout=10) if hub else None
-        with Peer(rank, topology, "dpsgd", timeout=10, transport=transport, **options) as peer:
-            bound.wait()
-            x = x0[rank].clone()
-            for rnd in range(rounds):
-                x = peer.synchronize(x, rnd, out=x)
-            final[rank], strategies[rank] = x, peer.strategy
-
-    run_peers(size, peer_main, timeout=120)
-    return torch.stack(final), strategies
 
 
 def disagreement(x: torch.Tensor) -> float:
@@ -64,10 +40,10 @@ def test_identity_compressor_with_gamma_one_is_exact_gossip(run_peers, local_top
 
 
 @pytest.mark.parametrize("loopback", [True, False], ids=["loopback", "zmq"])
-def test_topk_keeps_the_average_and_replicas_consistent(loopback, run_peers, local_topology):
+def test_topk_keeps_the_average_and_replicas_consistent(loopback, iterate, local_topology):
     topology = local_topology("ring", 5)
     x0 = torch.randn(5, 301, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    final, strategies = gossip_rounds(run_peers, topology, x0, 20, loopback=loopback,
+    final, strategies = iterate(topology, "dpsgd", x0, 20, loopback=loopback,
                                       compressor="topk", density=0.05)
     # invariant 1: the average is untouched by gossip, whatever Q dropped
     torch.testing.assert_close(final.mean(0), x0.mean(0), rtol=1e-12, atol=1e-12)
@@ -80,12 +56,12 @@ def test_topk_keeps_the_average_and_replicas_consistent(loopback, run_peers, loc
     assert disagreement(final) < disagreement(x0)
 
 
-def test_topk_one_percent_reaches_consensus(run_peers, local_topology):
+def test_topk_one_percent_reaches_consensus(iterate, local_topology):
     """choco.md invariant 4 on a smaller ring: error below 1e-3 of its start with the
     default gamma (naive top-1% gossip stalls near 0.1)."""
     topology = local_topology("ring", 6)
     x0 = torch.randn(6, 2000, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    final, strategies = gossip_rounds(run_peers, topology, x0, 2000, compressor="topk",
+    final, strategies = iterate(topology, "dpsgd", x0, 2000, compressor="topk",
                                       density=0.01)
     assert strategies[0].gamma == pytest.approx(0.02)
     assert disagreement(final) < 1e-3 * disagreement(x0)
@@ -100,11 +76,11 @@ def test_topk_one_percent_reaches_consensus(run_peers, local_topology):
     ("fp16", {}),
     ("bf16", {}),
 ])
-def test_default_gamma_converges_for_every_compressor(compressor, options, run_peers,
+def test_default_gamma_converges_for_every_compressor(compressor, options, iterate,
                                                       local_topology):
     topology = local_topology("ring", 4)
     x0 = torch.randn(4, 400, generator=torch.Generator().manual_seed(3))
-    final, _ = gossip_rounds(run_peers, topology, x0, 300, compressor=compressor, **options)
+    final, _ = iterate(topology, "dpsgd", x0, 300, compressor=compressor, **options)
     assert disagreement(final) < 0.05 * disagreement(x0)
     torch.testing.assert_close(final.mean(0), x0.mean(0), rtol=0, atol=5e-4)  # float32 sums
 
