@@ -34,6 +34,11 @@ class TrainConfig:
         seed: Seeds data split, model init and batches; equal on all peers.
         eval_every: Rounds between consensus measurements (and at the last round).
         timeout: Seconds to wait for any one message before giving up on a peer.
+        dead_after: Seconds a peer's connection may stay broken before the peer is declared
+            dead (gossip drops it, all-reduce stops naming it); keep it below ``timeout``.
+        checkpoint_every: Write this peer's checkpoint every this many rounds (0: never); a
+            peer restarted with ``--resume`` rejoins from it. Also makes every peer keep its
+            last few messages per neighbour, to re-send them to a restarted one.
         delays: Injected compute, straggler and send delays (see gossip.faults).
     """
 
@@ -50,6 +55,8 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 25
     timeout: float = 60.0
+    dead_after: float = 5.0
+    checkpoint_every: int = 0
     delays: DelayConfig = field(default_factory=DelayConfig)
 
     def __post_init__(self):
@@ -75,6 +82,9 @@ class TrainConfig:
         _require(self.alpha > 0, "alpha", self.alpha, "must be > 0")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
         _require(self.timeout > 0, "timeout", self.timeout, "must be > 0")
+        _require(self.dead_after > 0, "dead_after", self.dead_after, "must be > 0")
+        _require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every,
+                 "must be >= 0 (0: no checkpoints)")
         _require(isinstance(self.delays, DelayConfig), "delays", self.delays,
                  "must be a DelayConfig")
 

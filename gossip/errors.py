@@ -13,12 +13,35 @@ class TopologyError(ConfigError):
     """A topology file or graph is invalid (duplicate rank, disconnected graph, bad port...)."""
 
 
+class CheckpointError(ConfigError):
+    """A checkpoint file is missing, corrupt or belongs to another run; the message names it."""
+
+
 class TransportError(GossipError):
     """A socket could not be opened, bound or used."""
 
 
 class PeerTimeout(TransportError):
     """An expected message from a named peer did not arrive in time."""
+
+
+class PeerGone(PeerTimeout):
+    """An expected message will never arrive: the peer is dead (see docs/ARCHITECTURE.md,
+    Dead peers). The message names its rank, address and the round; ``rank`` is the dead
+    peer's."""
+
+    def __init__(self, message: str, *, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+class CollectiveAborted(TransportError):
+    """A round of an all-peer exchange (e.g. the consensus probe) was abandoned by every peer
+    because a restarted peer rejoined while it was under way."""
+
+
+class RejoinError(TransportError):
+    """A peer restarted from a checkpoint could not rejoin the running peers."""
 
 
 class ProtocolError(GossipError):

@@ -37,11 +37,33 @@ class PeerProcess:
 
 
 class LaunchFailed(Exception):
-    """A peer exited non-zero; the others were stopped."""
+    """A peer failed before training started (the others were stopped), or no peer
+    finished."""
 
-    def __init__(self, rank: int, code: int, reason: str):
-        super().__init__(f"peer {rank} failed (exit code {code}): {reason}")
+    def __init__(self, rank: int, code: int, reason: str, *, message: str | None = None):
+        super().__init__(message or f"peer {rank} failed (exit code {code}): {reason}")
         self.rank, self.code, self.reason = rank, code, reason
+
+
+@dataclass(frozen=True)
+class Death:
+    """A peer process that ended before finishing: killed by a signal or exited non-zero."""
+
+    rank: int
+    code: int  # negative: the signal that killed it
+    rounds: int  # rounds it had completed
+    last_line: str  # its log's last line (its one-line error when it failed itself)
+
+    def describe(self) -> str:
+        if self.code < 0:
+            try:
+                how = f"killed by {signal.Signals(-self.code).name}"
+            except ValueError:
+                how = f"killed by signal {-self.code}"
+        else:
+            how = f"exit code {self.code}"
+        why = f": {self.last_line}" if self.code > 0 and self.last_line else ""
+        return f"peer {self.rank} died ({how}) after {self.rounds} round(s){why}"
 
 
 def local_ranks(topology) -> list[int]:
@@ -80,21 +102,44 @@ def start_peers(ranks: list[int], run_dir: Path, extra_args: list[str], *,
     return procs
 
 
-def watch(procs: list[PeerProcess], on_progress: Callable[[int], None]) -> None:
-    """Wait for every peer; report rounds done; stop all and raise LaunchFailed on a failure."""
+def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],
+          on_death: Callable[[Death], None] | None = None) -> list[Death]:
+    """Wait for every peer, reporting rounds done; returns the peers that died meanwhile.
+
+    A peer failing before its first round stops everyone at once (LaunchFailed): the run
+    cannot start. With ``on_death``, a peer dying mid-run is reported to it and the others are
+    left to handle it: gossip strategies drop it and finish, all-reduce strategies stop with
+    an error naming it within the dead-peer delay; each has its own timeouts, so none hangs.
+    Without ``on_death`` any failure stops everyone (a run that must be complete).
+
+    Raises:
+        LaunchFailed: a peer failed at start (or at all, without ``on_death``), or no peer
+            finished (one line: who died first and why the others stopped).
+    """
+    deaths: list[Death] = []
     try:
         while True:
             done = sum(_rounds_done(p) for p in procs)
             on_progress(done)
-            failed = [p for p in procs if p.process.poll() not in (None, 0)]
-            if failed:
-                first = min(failed, key=lambda p: p.rank)
-                stop(procs)
-                raise LaunchFailed(first.rank, first.process.returncode,
-                                   first.last_log_line() or "no output")
-            if all(p.process.poll() == 0 for p in procs):
+            for p in procs:
+                code = p.process.poll()
+                if code in (None, 0) or any(d.rank == p.rank for d in deaths):
+                    continue
+                death = Death(p.rank, code, _rounds_done(p), p.last_log_line())
+                if on_death is None or (death.rounds == 0 and not deaths):
+                    stop(procs)
+                    raise LaunchFailed(p.rank, code, death.last_line or "no output")
+                deaths.append(death)
+                on_death(death)
+            if all(p.process.poll() is not None for p in procs):
                 on_progress(sum(_rounds_done(p) for p in procs))
-                return
+                if len(deaths) == len(procs):
+                    first, rest = deaths[0], deaths[1:]
+                    others = (f"; the {len(rest)} other(s) stopped: "
+                              f"{rest[0].last_line or 'no output'}" if rest else "")
+                    raise LaunchFailed(first.rank, first.code, first.last_line,
+                                       message=f"{first.describe()}{others}")
+                return deaths
             time.sleep(POLL_S)
     except BaseException:
         stop(procs)

@@ -13,6 +13,9 @@ from gossip.errors import ConfigError
 from gossip.strategies import Strategy, create_strategy
 from gossip.strategies.base import check_options
 from gossip.transport import Transport, ZmqTransport
+from gossip.transport.zmq import DEAD_AFTER_S
+
+NOTICE_FLUSH_S = 1.0  # see __exit__
 
 
 class Peer:
@@ -31,6 +34,10 @@ class Peer:
         local_ipc: Reach peers on loopback addresses over Unix sockets instead of TCP.
         key_file: This peer's CURVE secret key file, when the topology lists public keys (default:
             ``peer-RANK.key`` in the topology's key directory).
+        dead_after: Declare a peer dead once our connection to it has been down this many
+            seconds (docs/ARCHITECTURE.md, Dead peers).
+        keep_for_rejoin: Keep copies of the last messages sent to each peer, so that a
+            neighbour restarted from a checkpoint can rejoin (``rejoin``).
         **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce.
 
     Raises:
@@ -40,12 +47,15 @@ class Peer:
 
     def __init__(self, rank: int, topology, strategy: str = "dpsgd", *, timeout: float = 60.0,
                  transport: Transport | None = None, local_ipc: bool = True,
-                 key_file: str | Path | None = None, **options: Any):
+                 key_file: str | Path | None = None, dead_after: float = DEAD_AFTER_S,
+                 keep_for_rejoin: bool = False, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
         check_options(strategy, options)  # also rejects an unknown strategy name
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
+        if dead_after <= 0:
+            raise ConfigError(f"dead_after must be positive, got {dead_after}")
         self.rank = rank
         self.topology = topology
         self.strategy_name = strategy
@@ -53,6 +63,8 @@ class Peer:
         self.timeout = timeout
         self.transport = transport
         self.local_ipc = local_ipc
+        self.dead_after = dead_after
+        self.keep_for_rejoin = keep_for_rejoin
         # Read now, so a bad key fails before anything binds.
         self.keys = keys.for_rank(topology, rank, key_file) if transport is None else None
         self.strategy: Strategy | None = None
@@ -62,7 +74,10 @@ class Peer:
         if self.transport is None:
             endpoints = [self.topology.address(r) for r in range(self.topology.size)]
             self.transport = ZmqTransport(self.rank, endpoints, timeout=self.timeout,
-                                          local_ipc=self.local_ipc, keys=self.keys).open()
+                                          local_ipc=self.local_ipc, keys=self.keys,
+                                          dead_after=self.dead_after).open()
+        if self.keep_for_rejoin:
+            self.transport.membership.keep_for_rejoin()
         try:
             self.strategy = self.add_strategy(self.strategy_name, **self.options)
         except BaseException:
@@ -74,7 +89,12 @@ class Peer:
         if exc_type is None:
             self.transport.shutdown(timeout=min(self.timeout, 10.0))
         else:
-            self.transport.close()
+            # Error paths close at once (linger 0), except that this peer's notices of dead
+            # peers get a moment to leave: without them the others would see this peer die
+            # instead and blame it (a cascade of wrong names).
+            membership = getattr(self.transport, "membership", None)
+            lost = membership is not None and bool(membership.lost)
+            self.transport.close(linger=NOTICE_FLUSH_S if lost else 0.0)
 
     def add_strategy(self, name: str, **options: Any) -> Strategy:
         """Build another strategy on this peer's transport (give it a distinct ``tag``)."""
@@ -82,7 +102,31 @@ class Peer:
                                    transport=self.transport, options=options)
         self.transport.accept_kinds(strategy.kinds,
                                     receiver_checks_finite=strategy.checks_own_result)
+        if strategy.needs_every_peer:  # one dead peer stops its rounds everywhere
+            self.transport.membership.collective(strategy.kinds)
         return strategy
+
+    def rejoin(self, checkpoint_round: int) -> int:
+        """Rejoin the running peers after a restart from the checkpoint of
+        ``checkpoint_round``; returns the round to go on from (also ``self.round``).
+
+        A whole job restarted together (every peer rejoining from checkpoints of one round)
+        resumes at that round with any strategy; a single peer can rejoin a running job only
+        with a strategy that can take it back (``dpsgd``, exact ``matcha``).
+
+        Raises:
+            RejoinError: the strategy cannot take a peer back into a running job, the
+                restarting peers' checkpoints differ, or the others did not answer in time.
+        """
+        self.round = self.transport.membership.rejoin(
+            checkpoint_round, self.strategy.rejoin_round, timeout=self.timeout)
+        return self.round
+
+    @property
+    def lost_peers(self) -> dict[int, int]:
+        """Peers lost so far (dead, or dropped this one), each with the round it was
+        noticed in."""
+        return {rank: loss.round for rank, loss in sorted(self.transport.membership.lost.items())}
 
     @property
     def stats(self) -> dict[str, Any]:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from gossip import checkpoint
 from gossip.config import TrainConfig
+from gossip.errors import CheckpointError, CollectiveAborted, PeerGone
 from gossip.faults import DelayModel
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
@@ -19,6 +23,7 @@ from gossip.strategies.nonblocking import NonBlocking
 from gossip.tasks import BatchStream, create_task, evaluate, partition
 
 PROBE_TAG = "probe"  # ring all-reduce used only to measure consensus; its bytes are not counted
+log = logging.getLogger("gossip.training")
 # torch's global RNG is shared by the threads of a process (peers run as threads in tests):
 # seeding and initializing must not interleave, or peers start from different models.
 _INIT_LOCK = threading.Lock()
@@ -27,7 +32,8 @@ _INIT_LOCK = threading.Lock()
 def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = None,
           on_round: Callable[[dict[str, Any]], None] | None = None,
           on_minibatch: Callable[[int, int], None] | None = None,
-          model: torch.nn.Module | None = None) -> dict[str, Any]:
+          model: torch.nn.Module | None = None, checkpoint_path: str | Path | None = None,
+          resume: bool = False, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Train the configured task on an open ``peer``; returns the last round's record.
 
     Every peer builds the same model (same seed) and the same data split, then trains on
@@ -43,7 +49,14 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
     bytes_sent, bytes_recv, compute_s (mini-batches, injected delays included), delay_s
     (injected), comm_s, wait_s, minibatches and samples finished, and every ``eval_every``
     rounds the consensus distance (mean squared distance of the peers' models to their
-    average) and the test accuracy of that average model.
+    average) and the test accuracy of that average model (null once a peer is lost: the probe
+    is an all-reduce over every peer), and ``lost_peers`` ({rank: round noticed}, all so far).
+
+    With ``config.checkpoint_every`` and a ``checkpoint_path``, the peer's state is written
+    there every that many rounds (model, optimizer, strategy state, torch RNG, batches drawn,
+    lost peers, next round). With ``resume`` it starts from that file instead, rejoins the
+    running peers (``Peer.rejoin``) and goes on from the round they agree on; its first
+    record then holds ``resumed_from`` (the checkpoint's round).
 
     Args:
         on_round: Called with each record.
@@ -51,6 +64,10 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
             to keep peers in lockstep).
         model: Train this model in place instead of a fresh one (the caller must give every
             peer the same initial weights).
+        checkpoint_path: This peer's checkpoint file.
+        resume: Restart from ``checkpoint_path`` and rejoin.
+        history: With ``resume``: the records the peer wrote before it was restarted; those
+            of rounds before the one it resumes at are written again first.
     """
     task = create_task(config.task, seed=config.seed)
     if model is None:
@@ -67,9 +84,23 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
     nonblocking = peer.strategy if isinstance(peer.strategy, NonBlocking) else None
     probe = peer.add_strategy("ring-allreduce", tag=PROBE_TAG)
     computed = 0  # mini-batches computed so far: indexes this rank's straggler draws
+    first_round, resumed_from = 0, None
+    if resume:
+        if checkpoint_path is None:
+            raise CheckpointError("resume needs a checkpoint file (--checkpoint-dir)")
+        resumed_from, computed = _restore(checkpoint_path, peer, config, model, optimizer)
+        for _ in range(computed):  # the data stream is a pure function of (seed, draws)
+            batches.next()
+        first_round = peer.rejoin(resumed_from)
+        log.warning("rank %d: resumed from the checkpoint of round %d, rejoined at round %d",
+                    peer.rank, resumed_from, first_round)
+        if metrics is not None:
+            for old in history or ():
+                if old.get("round", first_round) < first_round:
+                    metrics.write(old)
     start = time.perf_counter()
     record: dict[str, Any] = {}
-    for rnd in range(config.rounds):
+    for rnd in range(first_round, config.rounds):
         before = peer.stats
         t0 = time.perf_counter()
         model.train()
@@ -120,14 +151,59 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
             "samples": done * per_minibatch,
             "consensus": None,
             "avg_accuracy": None,
+            "lost_peers": peer.lost_peers,
         }
+        if rnd == first_round and resumed_from is not None:
+            record["resumed_from"] = resumed_from
         if rnd % config.eval_every == 0 or rnd == config.rounds - 1:
-            record["consensus"], record["avg_accuracy"] = _consensus(model, probe, rnd, task)
+            record["consensus"], record["avg_accuracy"] = _probe(model, probe, rnd, task, peer)
         if metrics is not None:
             metrics.write(record)
         if on_round is not None:
             on_round(record)
+        if (checkpoint_path is not None and config.checkpoint_every
+                and (rnd + 1) % config.checkpoint_every == 0):
+            checkpoint.save(checkpoint_path, {
+                "rank": peer.rank, "strategy": config.strategy, "task": config.task,
+                "round": rnd + 1, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "strategy_state": peer.strategy.state_dict(),
+                "torch_rng": torch.get_rng_state(), "batches_drawn": computed,
+                "lost_peers": peer.lost_peers})
     return record
+
+
+def _restore(path, peer: Peer, config: TrainConfig, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """Load this peer's checkpoint into the model, optimizer, strategy, RNG and the peers
+    it knew lost; returns (its round, batches drawn)."""
+    state = checkpoint.load(path, rank=peer.rank, strategy=config.strategy, task=config.task)
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        peer.strategy.load_state_dict(state["strategy_state"])
+        torch.set_rng_state(state["torch_rng"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise CheckpointError(f"checkpoint {path} does not fit this run: "
+                              f"{type(exc).__name__}: {first}") from None
+    for rank, round in dict(state["lost_peers"]).items():
+        peer.transport.membership.note_lost(int(rank), int(round),
+                                            "lost before this peer's restart (checkpoint)")
+    return int(state["round"]), int(state["batches_drawn"])
+
+
+def _probe(model, probe, rnd: int, task, peer: Peer) -> tuple[float | None, float | None]:
+    """The consensus probe, or (None, None) when it cannot run: it is an all-reduce over
+    every peer, so a lost peer (or a rejoin under way) ends it, and training goes on."""
+    membership = peer.transport.membership
+    if membership.lost or rnd <= membership.skip_through:
+        return None, None
+    try:
+        return _consensus(model, probe, rnd, task)
+    except (PeerGone, CollectiveAborted) as exc:
+        log.info("rank %d: no consensus probe in round %d: %s", peer.rank, rnd, exc)
+        return None, None
 
 
 def _algorithm_bytes(stats: dict[str, Any]) -> tuple[int, int]:

@@ -26,6 +26,12 @@ def _train_options(fn):
         click.option("--alpha", type=float, help="Dirichlet concentration (non-iid skew)."),
         click.option("--seed", type=int, help="Seed of data split, init and batches."),
         click.option("--timeout", type=float, help="Seconds to wait for a peer's message."),
+        click.option("--dead-after", type=float, metavar="SECONDS",
+                     help="Declare a peer dead once its connection stayed broken this long "
+                          "(gossip drops it, all-reduce stops naming it). Default 5."),
+        click.option("--checkpoint-every", type=int, metavar="N",
+                     help="Write each peer's checkpoint every N rounds (0: never); a peer "
+                          "restarted with `gossip peer --resume` rejoins from it."),
         click.option("--option", "strategy_options", multiple=True, metavar="KEY=VALUE",
                      help="Strategy option, repeatable (e.g. piece_bytes=1048576)."),
         click.option("--minibatches", type=int,
@@ -109,13 +115,20 @@ def _rank_values(flag: str, items) -> dict[int, float]:
 @click.option("--key", "key_file", type=click.Path(dir_okay=False),
               help="This peer's CURVE secret key, when the topology lists public keys "
                    "(default: peer-RANK.key in the topology's key directory).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+              help="Where peer-RANK.pt is written (default: RUN_DIR/checkpoints).")
+@click.option("--resume", is_flag=True,
+              help="Restart this peer from its last checkpoint and rejoin the running peers "
+                   "(dpsgd, matcha).")
 @_train_options
 @fail_cleanly
-def peer(rank, topology_path, run_dir, quiet, key_file, config_path, strategy_options, **flags):
+def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, config_path,
+         strategy_options, **flags):
     """Run one peer of a cluster (the same topology file on every machine)."""
     from tqdm import tqdm
 
-    from gossip.metrics import MetricsWriter
+    from gossip import checkpoint
+    from gossip.metrics import MetricsWriter, read_jsonl
     from gossip.peer import Peer
     from gossip.topology import Topology
     from gossip.training import train
@@ -125,14 +138,25 @@ def peer(rank, topology_path, run_dir, quiet, key_file, config_path, strategy_op
     config = _train_config(config_path, strategy_options, **flags)
     config.delays.check_ranks(topology.size)
     metrics_path = Path(run_dir) / f"peer-{rank}.jsonl"
+    checkpoint_path = checkpoint.path_for(checkpoint_dir or Path(run_dir) / "checkpoints", rank)
+    history, resumed = [], ""
+    if resume:  # fail before binding anything
+        resumed = (f" resumed from the checkpoint of round "
+                   f"{checkpoint.load(checkpoint_path, rank=rank)['round']}")
+        if metrics_path.exists():  # rewritten up to the round this peer rejoins at
+            history = read_jsonl(metrics_path)
     with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
               transport=_send_delayed(rank, topology, config, key_file),
-              **config.options) as node, MetricsWriter(metrics_path) as metrics:
-        with tqdm(total=config.rounds, desc=f"peer {rank}", disable=quiet, unit="round") as bar:
-            last = train(node, config, metrics=metrics, on_round=lambda _: bar.update(1))
+              dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
+              **config.options) as node, MetricsWriter(metrics_path) as metrics, \
+            tqdm(total=config.rounds, desc=f"peer {rank}", disable=quiet, unit="round") as bar:
+        last = train(node, config, metrics=metrics, on_round=lambda _: bar.update(1),
+                     checkpoint_path=checkpoint_path if config.checkpoint_every or resume
+                     else None, resume=resume, history=history)
+    lost = "".join(f" lost peer {r} (round {at})" for r, at in last["lost_peers"].items())
     click.echo(f"peer {rank}: loss {last['loss']:.4f} accuracy {last['accuracy']:.4f} "
                f"bytes_sent {last['bytes_sent']} bytes_recv {last['bytes_recv']} "
-               f"time {last['time']:.1f}s metrics {metrics_path}")
+               f"time {last['time']:.1f}s metrics {metrics_path}{lost}{resumed}")
 
 
 def _send_delayed(rank: int, topology, config, key_file=None):
@@ -146,7 +170,8 @@ def _send_delayed(rank: int, topology, config, key_file=None):
     from gossip.transport import ZmqTransport
 
     inner = ZmqTransport.for_topology(rank, topology, key_file=key_file,
-                                      timeout=config.timeout).open()
+                                      timeout=config.timeout,
+                                      dead_after=config.dead_after).open()
     # The consensus probe measures the run; it is not part of the algorithm being delayed.
     return DelayedTransport(inner, delay, exempt=(f"{PROBE_TAG}.",))
 
@@ -180,10 +205,16 @@ def _resolve_rank(rank: int | None) -> int:
 @click.option("--keys", "key_dir", type=click.Path(file_okay=False),
               help="Authenticate and encrypt with the CURVE keys in this directory "
                    "(from `gossip keys generate`).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+              help="With --checkpoint-every: where the peers write peer-RANK.pt "
+                   "(default: RUN_DIR/checkpoints).")
+@click.option("--resume", is_flag=True,
+              help="Restart the whole job from every peer's last checkpoint (use the run's "
+                   "--run-dir, --topology and --config).")
 @_train_options
 @fail_cleanly
-def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, config_path,
-           strategy_options, **flags):
+def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoint_dir, resume,
+           config_path, strategy_options, **flags):
     """Start every local peer, show progress, print a per-peer summary.
 
     With no arguments: the demo, 4 peers on a ring training the digits MLP with dpsgd.
@@ -226,26 +257,36 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, config_pa
              **netns_info}, sort_keys=False))
         click.echo(f"{len(ranks)} peers, {topology.name or 'topology'}, strategy "
                    f"{config.strategy}, {config.rounds} rounds -> {run_dir}")
-        procs = launcher.start_peers(ranks, run_dir,
-                                     ["--topology", str(run_dir / "topology.yaml"),
-                                      "--config", str(run_dir / "config.yaml")],
+        extra = ["--topology", str(run_dir / "topology.yaml"),
+                 "--config", str(run_dir / "config.yaml")]
+        if checkpoint_dir:
+            extra += ["--checkpoint-dir", str(Path(checkpoint_dir).absolute())]
+        if resume:
+            extra.append("--resume")
+        procs = launcher.start_peers(ranks, run_dir, extra,
                                      wrap=cluster.command if cluster else None)
         with tqdm(total=config.rounds * len(ranks), unit="round", desc=config.strategy) as bar:
             try:
-                launcher.watch(procs, on_progress=lambda done: bar.update(done - bar.n))
+                deaths = launcher.watch(
+                    procs, on_progress=lambda done: bar.update(done - bar.n),
+                    on_death=lambda death: bar.write(f"{death.describe()}; the others go on"))
             except launcher.LaunchFailed as exc:
                 bar.close()
                 raise GossipError(f"{exc}; logs in {run_dir}") from None
-    click.echo(_summary(run_dir, ranks))
+    click.echo(_summary(run_dir, ranks, deaths))
     click.echo(f"run directory: {run_dir}")
 
 
-def _summary(run_dir: Path, ranks: list[int]) -> str:
+def _summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
+    """Per-peer table of the finished peers; the peers that died and the peers lost."""
     from gossip.bench.harness import format_table
     from gossip.metrics import read_jsonl
 
+    died = {death.rank: death for death in deaths}
     rows, last = [], {}
     for rank in ranks:
+        if rank in died:
+            continue
         records = read_jsonl(run_dir / f"peer-{rank}.jsonl")
         last[rank] = records[-1]
         tail = [r["loss"] for r in records[-10:] if r["loss"] is not None] or [float("nan")]
@@ -253,7 +294,21 @@ def _summary(run_dir: Path, ranks: list[int]) -> str:
                      "accuracy": records[-1]["accuracy"], "bytes sent": records[-1]["bytes_sent"],
                      "bytes recv": records[-1]["bytes_recv"], "seconds": records[-1]["time"]})
     table = format_table(rows, ["peer", "loss", "accuracy", "bytes sent", "bytes recv", "seconds"])
-    final = last[ranks[0]]
+    final = last[min(last)]
     mean_acc = sum(r["accuracy"] for r in rows) / len(rows)
-    return (f"{table}\nmean test accuracy {mean_acc:.4f}; averaged model "
-            f"{final['avg_accuracy']:.4f}; consensus distance {final['consensus']:.3g}")
+    lines = [table, f"mean test accuracy {mean_acc:.4f}"]
+    if final["consensus"] is not None:
+        lines[-1] += (f"; averaged model {final['avg_accuracy']:.4f}; consensus distance "
+                      f"{final['consensus']:.3g}")
+    else:  # the probe is an all-reduce over every peer
+        lines[-1] += "; consensus not measured (a peer was lost)"
+    lines += [death.describe() for death in deaths]
+    # Every survivor's record of the peers it lost, and the round it noticed each in.
+    noticed: dict[str, list[int]] = {}
+    for record in last.values():
+        for rank, round in (record.get("lost_peers") or {}).items():
+            noticed.setdefault(rank, []).append(round)
+    for rank, rounds in sorted(noticed.items(), key=lambda item: int(item[0])):
+        lines.append(f"peer {rank} lost: noticed by {len(rounds)} of {len(last)} survivors "
+                     f"in rounds {min(rounds)}-{max(rounds)}")
+    return "\n".join(lines)

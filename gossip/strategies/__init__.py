@@ -1,6 +1,6 @@
 """Synchronization strategies, built by name from STRATEGIES."""
 
-from gossip.strategies import (  # noqa: F401  (registers them)  # noqa: F401  (registers them)
+from gossip.strategies import (  # noqa: F401  (registers them)
     allreduce,
     dpsgd,
     gtopk,

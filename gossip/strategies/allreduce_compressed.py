@@ -42,6 +42,13 @@ class CompressedRingAllReduce(RingAllReduce):
                          piece_bytes=piece_bytes, tag=tag)
         self.compressor = compressor
 
+    def state_dict(self) -> dict:
+        """The compressor's (error-feedback residuals, one per compression point)."""
+        return {"compressor": self.compressor.state_dict()}
+
+    def load_state_dict(self, state) -> None:
+        self.compressor.load_state_dict(state.get("compressor", {}))
+
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
         if not x.is_floating_point():
@@ -121,6 +128,13 @@ class SharedRandomKRingAllReduce(RingAllReduce):
         super().__init__(rank=rank, topology=topology, transport=transport,
                          piece_bytes=piece_bytes, tag=tag)
         self.compressor = compressor
+
+    def state_dict(self) -> dict:
+        """The compressor's (error-feedback residuals, one per compression point)."""
+        return {"compressor": self.compressor.state_dict()}
+
+    def load_state_dict(self, state) -> None:
+        self.compressor.load_state_dict(state.get("compressor", {}))
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:

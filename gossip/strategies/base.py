@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from gossip.errors import ConfigError, ProtocolError
+from gossip.errors import ConfigError, ProtocolError, RejoinError
 from gossip.registry import Registry
 from gossip.transport import Message, Transport
 
@@ -52,6 +52,27 @@ class Strategy(ABC):
         The result goes to ``out`` if given (which may be ``x`` itself: in place), else to a
         new tensor. ``x`` may be modified again as soon as this returns.
         """
+
+    @property
+    def needs_every_peer(self) -> bool:
+        """Every round needs every peer (an all-reduce): one dead peer stops it everywhere,
+        so the transport stops its messages' waits as soon as any peer is known lost. Gossip
+        strategies (``params``) carry on with the neighbours they have left."""
+        return self.operates_on == "grads"
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep of this strategy (residuals, public copies, ...)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    def rejoin_round(self, rounds: Mapping[int, int]) -> int:
+        """The round a peer restarted from a checkpoint resumes at, from the round each
+        running peer is at (by rank). Strategies that cannot take a peer back raise."""
+        raise RejoinError(f"rank {self.rank}: {type(self).__name__} cannot take a restarted "
+                          f"peer back into a running job (dpsgd and matcha can); restart every "
+                          f"peer with --resume instead, from checkpoints of one round")
 
     @staticmethod
     def _output(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

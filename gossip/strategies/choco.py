@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from gossip.compress import Compressor, Payload
-from gossip.errors import ConfigError, ProtocolError
+from gossip.compress import Compressor, ErrorFeedback, MomentumCorrection, Payload
+from gossip.compress.wrappers import Clip, Wrapper
+from gossip.errors import ConfigError, PeerGone, ProtocolError
 from gossip.strategies.base import MixingGossip
 from gossip.transport import Message
 
@@ -52,7 +53,14 @@ class ChocoGossip(MixingGossip):
         self._apply(payload, self.public, 1.0)
         self._apply(payload, self.mixed, self.self_weight)
         for j in self.neighbors:  # fixed order: deterministic floating-point sums
-            reply = self.transport.recv(src=j, kind=self.tag, round=round)
+            try:
+                reply = self.transport.recv(src=j, kind=self.tag, round=round)
+            except PeerGone as exc:
+                # s_i holds the neighbours' public copies only as one weighted sum, so a dead
+                # neighbour's share cannot be taken out of it: stop rather than mix wrongly.
+                raise PeerGone(f"{exc}; CHOCO-Gossip keeps only the weighted sum of its "
+                               f"neighbours' public copies and cannot drop peer {exc.rank}: "
+                               f"stopping", rank=exc.rank) from None
             try:
                 self._apply(Payload(reply.meta, reply.buffers), self.mixed, self.weights[j])
             except ProtocolError as exc:
@@ -83,6 +91,27 @@ class ChocoGossip(MixingGossip):
     def state_dict(self) -> dict:
         """Public copy, neighbourhood mix and step size: what a restarted peer needs."""
         return {"public": self.public, "mixed": self.mixed, "gamma": self.gamma}
+
+    def load_state_dict(self, state) -> None:
+        """Restore ``state_dict``. Only a whole job restarted together can use it: in a
+        running job the neighbours' replicas of our public copy have moved on since (so
+        ``rejoin_round`` refuses)."""
+        self.public, self.mixed, self.gamma = state["public"], state["mixed"], state["gamma"]
+        if self.public is not None:
+            numel = self.public.numel()
+            self._shrink = self.compressor.quality(numel) if self.compressor.unbiased else 1.0
+
+
+def check_choco_compressor(compressor: Compressor) -> None:
+    """CHOCO compresses model differences; gradient-only wrappers would corrupt them."""
+    layer = compressor
+    while isinstance(layer, Wrapper):
+        if isinstance(layer, (ErrorFeedback, MomentumCorrection)):
+            raise ConfigError("gossip with a compressor runs CHOCO, whose public copies already "
+                              "feed back what compression drops: drop error_feedback/momentum")
+        if isinstance(layer, Clip):
+            raise ConfigError("clip_norm clips gradients; CHOCO compresses model differences")
+        layer = layer.inner
 
 
 def default_gamma(compressor: Compressor, numel: int) -> float:

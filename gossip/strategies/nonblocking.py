@@ -89,6 +89,19 @@ class NonBlocking(Strategy):
     def kinds(self) -> tuple[str, ...]:
         return (*self.inner.kinds, self.stop_kind)
 
+    # A dead peer: the inner strategy decides (gossip drops it, all-reduce stops), and STOPs
+    # are no longer sent to it. A restarted peer cannot rejoin a running job (rejoin_round
+    # raises): its STOPs of the rounds it replays would close rounds the others finished.
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"inner": self.inner.state_dict(), "stopped": self._stopped,
+                "drained_at": self._drained_at}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.inner.load_state_dict(state.get("inner", {}))
+        self._stopped = int(state.get("stopped", -1))
+        self._drained_at = int(state.get("drained_at", -1))
+
     # -- the STOP signal ------------------------------------------------------------------
     def stop_requested(self, round: int) -> bool:
         """Whether some peer has finished all its mini-batches of ``round``; never blocks."""
@@ -113,8 +126,9 @@ class NonBlocking(Strategy):
             return
         self._stopped = round
         msg = Message(kind=self.stop_kind, round=round)
+        lost = self.transport.membership.lost  # their queues would only fill up
         for dst in range(self.size):
-            if dst != self.rank:
+            if dst != self.rank and dst not in lost:
                 self.transport.send(dst, msg)
 
     def _drain(self, round: int) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.transport import codec
+from gossip.transport.membership import CONTROL, Membership
 from gossip.transport.message import Message
 
 log = logging.getLogger("gossip.transport")
@@ -19,6 +20,7 @@ log = logging.getLogger("gossip.transport")
 # Messages that arrived before anyone asked for them are kept, up to this many bytes.
 DEFAULT_MAX_PENDING_BYTES = 4 << 30
 BYE = "bye"  # internal: the sender is done and sends nothing more
+INTERNAL = CONTROL | {BYE}  # kinds every transport accepts and handles itself
 # by_kind entry of the bytes of rejected messages: their kind is unknown or untrusted.
 # Not a valid kind, so it cannot collide with one.
 REJECTED = "<rejected>"
@@ -87,16 +89,28 @@ class TransportStats:
 class Delivery:
     """Handle of a sent message: ``wait()`` returns once its tensors may be modified again."""
 
-    def __init__(self, transport: Transport, dst: int, trackers: list):
+    # A message to a peer that died stays queued for its reconnect, so waiting for it checks
+    # the peer's liveness this often.
+    LIVENESS_POLL_S = 0.1
+
+    def __init__(self, transport: Transport, dst: int, trackers: list, kind: str = ""):
         self._transport, self._dst, self._trackers = transport, dst, trackers
+        self._kind = kind
 
     def wait(self, timeout: float | None = None) -> None:
-        limit = self._transport.timeout if timeout is None else timeout
+        """Raises PeerGone if the destination is declared dead meanwhile (its copy of the
+        message is then never read; the tensors may be modified all the same)."""
+        t = self._transport
+        limit = t.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         for tracker in self._trackers:
-            if not tracker.wait(limit):
-                raise PeerTimeout(f"rank {self._transport.rank}: message to "
-                                  f"{self._transport.describe(self._dst)} not sent within "
-                                  f"{limit:g} s")
+            while not tracker.wait(min(self.LIVENESS_POLL_S, max(deadline - time.monotonic(),
+                                                                 0.0))):
+                t._poll_liveness()
+                t.membership.check_delivery(self._dst, self._kind)
+                if time.monotonic() >= deadline:
+                    raise PeerTimeout(f"rank {t.rank}: message to {t.describe(self._dst)} "
+                                      f"not sent within {limit:g} s")
 
 
 class Transport(ABC):
@@ -140,6 +154,7 @@ class Transport(ABC):
         self._pending_bytes = 0
         self.contacts: set[int] = set()  # ranks we sent to or heard from
         self.departed: set[int] = set()  # ranks that said goodbye
+        self.membership = Membership(self)  # dead peers, control messages, rejoin
 
     # -- subclass hooks -------------------------------------------------------------------
     @abstractmethod
@@ -166,6 +181,13 @@ class Transport(ABC):
     def _heard(self, frames: list, msg: Message) -> None:
         """Called for every accepted message (goodbyes included), e.g. to track connections."""
 
+    def _poll_liveness(self) -> None:
+        """Read what is known about the peers' connections (may declare a peer dead)."""
+
+    def connect(self, ranks) -> None:
+        """Open the connections to ``ranks`` now rather than at the first send, so that a
+        peer dying before we ever send to it is noticed too."""
+
     # -- public API -----------------------------------------------------------------------
     def accept_kinds(self, kinds: Sequence[str], *, receiver_checks_finite: bool = False) -> None:
         """Also accept messages of these kinds from now on.
@@ -188,7 +210,8 @@ class Transport(ABC):
         trackers = self._send_frames(dst, header, frames, track)
         self.contacts.add(dst)
         self.stats.sent(msg.kind, len(header) + sum(f.numel() for f in frames))
-        return Delivery(self, dst, trackers)
+        self.membership.sent(dst, msg.kind, msg.round, header, frames)
+        return Delivery(self, dst, trackers, msg.kind)
 
     def recv(
         self,
@@ -202,7 +225,11 @@ class Transport(ABC):
 
         Raises:
             PeerTimeout: nothing matching arrived within ``timeout`` (default: self.timeout).
+            PeerGone: it never will: ``src`` is dead, or (all-peer kinds) any peer is.
+            CollectiveAborted: an all-peer round abandoned because a peer rejoined.
         """
+        if round is not None and round > self.membership.round:
+            self.membership.round = round
         for i, (msg, size) in enumerate(self._pending):
             if _matches(msg, src, kind, round):
                 del self._pending[i]
@@ -212,10 +239,13 @@ class Transport(ABC):
         deadline = time.monotonic() + limit
         rejected_before = self.stats.messages_rejected
         while True:
+            self.membership.check(src, kind, round)
             remaining = deadline - time.monotonic()
             start = time.perf_counter()
             frames = self._recv_frames(max(remaining, 0.0))
             self.stats.wait_s += time.perf_counter() - start
+            if frames is None and deadline > time.monotonic():
+                continue  # woken early: a peer was declared dead
             if frames is None:
                 who = self.describe(src) if src is not None else "any peer"
                 rejected = self.stats.messages_rejected - rejected_before
@@ -243,17 +273,20 @@ class Transport(ABC):
         Returns the contacts that did not say goodbye within ``timeout`` (dead or stuck).
         """
         try:
-            for dst in sorted(self.contacts):  # those already gone still wait for ours
+            dead = self.membership.firsthand()
+            for dst in sorted(self.contacts - dead):  # those already gone still wait for ours
                 try:
                     self.send(dst, Message(kind=BYE, round=-1))
                 except PeerTimeout:
                     pass
             deadline = time.monotonic() + timeout
-            while self.contacts - self.departed and time.monotonic() < deadline:
+            # Lost peers (even only reported ones) are not waited for: they say nothing more.
+            while (self.contacts - self.departed - set(self.membership.lost)
+                   and time.monotonic() < deadline):
                 frames = self._recv_frames(max(deadline - time.monotonic(), 0.0))
                 if frames is not None:
                     self._accept(frames)
-            missing = self.contacts - self.departed
+            missing = self.contacts - self.departed - set(self.membership.lost)
             if missing:
                 log.warning("rank %d: no goodbye from %s within %g s", self.rank,
                             ", ".join(self.describe(r) for r in sorted(missing)), timeout)
@@ -266,7 +299,7 @@ class Transport(ABC):
         size = sum(len(codec.frame_buffer(f)) for f in frames)
         self.stats.bytes_recv += size
         try:
-            msg = codec.decode(frames, kinds=self.kinds and self.kinds | {BYE},
+            msg = codec.decode(frames, kinds=self.kinds and self.kinds | INTERNAL,
                                max_message_bytes=self.max_message_bytes, peers=self.size,
                                sender=self._sender(frames), finite=self.reject_nonfinite,
                                finite_exempt=self._finite_exempt)
@@ -282,6 +315,9 @@ class Transport(ABC):
         self.contacts.add(msg.src)
         if msg.kind == BYE:
             self.departed.add(msg.src)
+            return None, size
+        if msg.kind in CONTROL:
+            self.membership.control(msg)
             return None, size
         return msg, size
 

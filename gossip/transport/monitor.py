@@ -1,4 +1,8 @@
-"""Connection events of a receiving socket, turned into rejections with a reason.
+"""Socket monitors: refused input on the receiving socket, and links to peers that stay down.
+
+``ConnectionWatch`` (the PULL socket) turns connection events into rejections with a reason;
+``LinkWatch`` (our PUSH sockets, one per peer) tells which peer has become unreachable, the
+evidence a peer is declared dead on (docs/ARCHITECTURE.md, Dead peers).
 
 libzmq refuses some input before any message exists, and tells only its socket monitor:
 
@@ -144,3 +148,82 @@ class ConnectionWatch:
             self._watched.disable_monitor()
             self.socket.close(linger=0)
             self.socket = None
+
+
+class LinkWatch:
+    """Our own connections to other peers (one PUSH socket each): which peer is unreachable.
+
+    A link is *up* once its ZMTP handshake succeeded (with CURVE: once the peer proved its
+    key), *down* from its ``DISCONNECTED`` on, until a reconnect completes a handshake again.
+    libzmq keeps reconnecting on its own, so a peer that restarts on the same address comes
+    back by itself. ZMTP heartbeats (set on each socket by the transport) turn a peer that
+    vanished without closing its sockets (machine off, cable cut, process stopped) into a
+    disconnect too; a peer that is only slow still answers them from its I/O thread.
+
+    ``judge`` declares a peer dead when its link, once up, has been down for ``dead_after``
+    seconds without the peer having said goodbye. A link that never came up proves nothing
+    (the peer may still be starting): waiting for such a peer ends in PeerTimeout instead.
+    """
+
+    EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+    def __init__(self, dead_after: float):
+        self.dead_after = dead_after
+        self.sockets: dict[int, zmq.Socket] = {}  # rank -> monitor socket of our link to it
+        self._watched: dict[int, zmq.Socket] = {}
+        self._ever_up: set[int] = set()
+        self._down_since: dict[int, float] = {}
+        self._judged: set[int] = set()  # declared dead: never again
+
+    def add(self, rank: int, socket: zmq.Socket) -> zmq.Socket:
+        """Watch our link to ``rank``; returns the monitor socket to poll."""
+        monitor = socket.get_monitor_socket(self.EVENTS)
+        self.sockets[rank], self._watched[rank] = monitor, socket
+        return monitor
+
+    def read(self, rank: int) -> None:
+        """Handle every event waiting on the monitor of our link to ``rank``."""
+        monitor = self.sockets[rank]
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._ever_up.add(rank)
+                self._down_since.pop(rank, None)
+            elif rank in self._ever_up:  # DISCONNECTED; reconnects retried by libzmq
+                self._down_since.setdefault(rank, time.monotonic())
+
+    def read_all(self) -> None:
+        for rank in list(self.sockets):
+            self.read(rank)
+
+    def judge(self, departed: set[int]) -> tuple[list[tuple[int, str]], float | None]:
+        """Peers now dead, each with its reason, and seconds until the next one may be due."""
+        now, dead, due = time.monotonic(), [], None
+        for rank, since in list(self._down_since.items()):
+            if rank in departed:  # it said goodbye: closing was the plan
+                del self._down_since[rank]
+                continue
+            left = since + self.dead_after - now
+            if left > 0:
+                due = left if due is None else min(due, left)
+                continue
+            del self._down_since[rank]
+            if rank not in self._judged:
+                self._judged.add(rank)
+                dead.append((rank, (f"its connection broke (it exited, crashed or stopped "
+                                    f"answering heartbeats) and did not come back within "
+                                    f"{self.dead_after:g} s")))
+        return dead, due
+
+    def close(self) -> None:
+        for rank, monitor in self.sockets.items():
+            try:
+                self._watched[rank].disable_monitor()
+            except zmq.ZMQError:
+                pass
+            monitor.close(linger=0)
+        self.sockets.clear()
+        self._watched.clear()

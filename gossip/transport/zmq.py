@@ -25,7 +25,7 @@ from gossip.transport.auth import DOMAIN, ZapHandler
 from gossip.transport.base import BYE, Transport, log
 from gossip.transport.memory import keep_freed_buffers
 from gossip.transport.message import Message
-from gossip.transport.monitor import ConnectionWatch
+from gossip.transport.monitor import ConnectionWatch, LinkWatch
 
 # Queue depth, in messages, of each PUSH socket and of each connection into a PULL socket.
 # It bounds the count of messages a strategy may have in flight to one peer (reaching it makes
@@ -38,6 +38,14 @@ CURVE_FRAME_OVERHEAD = 33
 # Kernel socket buffers: the 208 KiB default splits every large frame into many writes, each
 # waking the receiver's I/O thread. 0 keeps the OS default. Capped by net.core.[rw]mem_max.
 SOCKET_BUFFER_BYTES = 4 << 20
+# A peer is declared dead once our connection to it has been down this long (default).
+DEAD_AFTER_S = 5.0
+# ZMTP heartbeats on our connections: a ping every HEARTBEAT_S, the connection dropped when
+# nothing answers within half the peer timeout, and never sooner than HEARTBEAT_MIN_S.
+# Generous on purpose: a ping queues behind a large message, and a false alarm would drop a
+# connection with messages on it.
+HEARTBEAT_S = 1.0
+HEARTBEAT_MIN_S = 5.0
 
 
 class ZmqTransport(Transport):
@@ -50,12 +58,16 @@ class ZmqTransport(Transport):
         keys: CURVE keys (``gossip.keys.for_rank``): authenticate and encrypt every
             connection, let in only the other ranks' keys, and reject messages whose ``src``
             is not the rank whose key sent them. None: plaintext, anyone may connect.
+        dead_after: Declare a peer dead once our connection to it has been down this many
+            seconds (docs/ARCHITECTURE.md, Dead peers).
         **kwargs: See Transport.
     """
 
     def __init__(self, rank: int, endpoints: Sequence[str], *, local_ipc: bool = True,
-                 keys: CurveKeys | None = None, **kwargs):
+                 keys: CurveKeys | None = None, dead_after: float = DEAD_AFTER_S, **kwargs):
         super().__init__(rank, **kwargs)
+        if not dead_after > 0:
+            raise TransportError(f"dead_after must be > 0 seconds, got {dead_after!r}")
         self.use_ipc = local_ipc
         if not 0 <= rank < len(endpoints):
             raise TransportError(f"rank {rank} has no endpoint (there are {len(endpoints)})")
@@ -72,6 +84,7 @@ class ZmqTransport(Transport):
         self._poller = zmq.Poller()
         self._zap: ZapHandler | None = None
         self._watch: ConnectionWatch | None = None
+        self._links = LinkWatch(dead_after)
 
     @classmethod
     def for_topology(cls, rank: int, topology, *, key_file=None, **kwargs) -> ZmqTransport:
@@ -139,14 +152,23 @@ class ZmqTransport(Transport):
             sock.setsockopt(zmq.SNDHWM, HWM)
             sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES or -1)
             sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT,
+                            int(max(self.timeout / 2, HEARTBEAT_MIN_S) * 1000))
             if self.keys is not None:
                 sock.curve_serverkey = self.keys.peers[dst].encode("ascii")
                 sock.curve_publickey = self.keys.public.encode("ascii")
                 sock.curve_secretkey = self.keys.secret.encode("ascii")
+            self._poller.register(self._links.add(dst, sock), zmq.POLLIN)
             endpoint = self.endpoints[dst]
             sock.connect((self.use_ipc and local_ipc(endpoint)) or endpoint)
             self._push[dst] = sock
         return sock
+
+    def connect(self, ranks) -> None:
+        for dst in ranks:
+            if dst != self.rank:
+                self._socket_to(dst)
 
     def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False) -> list:
         parts, trackers = [header], []
@@ -175,15 +197,24 @@ class ZmqTransport(Transport):
             return pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             pass
-        # The queue is empty: the connection watch needs attention only now.
+        # The queue is empty: the connection watches need attention only now.
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             due = watch.judge()
+            dead, link_due = self._links.judge(self.departed)
+            if dead:  # wake the caller: what it waits for may never come now
+                for rank, reason in dead:
+                    self.membership.declare_dead(rank, reason)
+                return None
+            due = min((d for d in (due, link_due) if d is not None), default=None)
             wait = remaining if due is None else min(remaining, due)
             ready = dict(self._poller.poll(math.ceil(max(wait, 0.0) * 1000)))
             if watch.socket in ready:
                 watch.read()
+            for rank, monitor in list(self._links.sockets.items()):
+                if monitor in ready:
+                    self._links.read(rank)
             if pull in ready:
                 try:
                     return pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
@@ -202,6 +233,14 @@ class ZmqTransport(Transport):
             raise ProtocolError(f"connection has no authenticated rank (User-Id {user!r})") \
                 from None
 
+    def _poll_liveness(self) -> None:
+        if self._ctx is None:
+            return
+        self._links.read_all()
+        dead, _ = self._links.judge(self.departed)
+        for rank, reason in dead:
+            self.membership.declare_dead(rank, reason)
+
     def _heard(self, frames: list, msg: Message) -> None:
         if self._watch is not None:
             self._watch.heard(frames[0].get(zmq.SRCFD), msg.src, msg.kind == BYE)
@@ -215,8 +254,12 @@ class ZmqTransport(Transport):
             except FileNotFoundError:
                 pass
             self._ipc_path = None
-        for sock in self._push.values():
-            sock.close(linger=int(linger * 1000))
+        for monitor in self._links.sockets.values():
+            self._poller.unregister(monitor)
+        self._links.close()
+        dead = self.membership.firsthand()
+        for dst, sock in self._push.items():  # what is queued for a dead peer stays unsent
+            sock.close(linger=0 if dst in dead else int(linger * 1000))
         self._push.clear()
         if self._watch is not None:
             self._poller.unregister(self._watch.socket)

@@ -1,0 +1,297 @@
+"""Who is still in the run: dead peers, telling the others, and a restarted peer's rejoin.
+
+Control messages (kinds accepted by every transport, handled inside it, never returned by
+``recv``):
+
+* ``ctl.gone {rank, why}``: the sender declared ``rank`` dead (its own evidence: its link to
+  it broke and stayed broken). Sent to every other peer, so that all-peer exchanges (ring
+  all-reduce, sparse all-reduce, the consensus probe) stop everywhere instead of waiting for
+  a message that depends on the dead peer. To the dead peer itself it says "I dropped you":
+  if it is in fact alive, it drops the sender too, so no edge is used by one end only.
+* ``ctl.join {round}``: the sender restarted from its checkpoint of ``round``.
+* ``ctl.welcome {round, lost, dropped, restarting}``: the answer: the round this peer is at,
+  the peers it knows to be lost, whether it had already dropped the sender, and whether it is
+  itself rejoining (then ``round`` is its checkpoint's: a whole job restarting together).
+* ``ctl.resume {round, skip}``: the restarted sender runs from ``round`` on; all-peer
+  exchanges of rounds <= ``skip`` are abandoned everywhere (they mixed two incarnations).
+  The receiver re-sends the messages it kept for the sender from ``round`` on.
+
+What a recv raises follows from two sets: first-hand losses stop a recv from that very peer
+(``PeerGone``); any loss at all (also one only heard of) stops a recv of an all-peer kind.
+A gossip strategy thus only ever drops a neighbour on its own evidence; a report from a
+third peer can stop an all-reduce, which could not have finished anyway, and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gossip.errors import CollectiveAborted, PeerGone, RejoinError
+from gossip.transport.message import Message
+
+if TYPE_CHECKING:
+    from gossip.transport.base import Transport
+
+log = logging.getLogger("gossip.transport")
+
+GONE, JOIN, WELCOME, RESUME = "ctl.gone", "ctl.join", "ctl.welcome", "ctl.resume"
+CONTROL = frozenset({GONE, JOIN, WELCOME, RESUME})
+# Messages kept per destination for a neighbour that restarts: a restarted peer resumes at
+# most a round or two behind the neighbour furthest ahead of it (docs/ARCHITECTURE.md).
+REPLAY_MESSAGES = 3
+# All-peer exchanges are abandoned this many rounds past the furthest peer at a rejoin: a
+# peer may still be finishing a round when it answers.
+SKIP_MARGIN = 2
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A peer this one no longer counts on.
+
+    Attributes:
+        round: The round this peer was at when it learned of the loss.
+        reason: Why, in words.
+        firsthand: This peer's own evidence (its link broke, or the peer dropped us), as
+            opposed to another peer's report.
+    """
+
+    rank: int
+    round: int
+    reason: str
+    firsthand: bool
+
+
+class Membership:
+    """The losses a transport knows of, its control messages and a rejoin's replay buffer."""
+
+    def __init__(self, transport: Transport):
+        self._t = transport
+        self.lost: dict[int, Loss] = {}
+        self.round = -1  # the latest round this peer asked a message for: where it is
+        self.skip_through = -1  # all-peer exchanges of rounds <= this are abandoned
+        self.collective_kinds: frozenset[str] = frozenset()
+        self._replay: dict[int, deque] | None = None  # dst -> (kind, round, header, frames)
+        self._welcomes: dict[int, Mapping] = {}
+        self._rejoining = False
+
+    # -- configuration ----------------------------------------------------------------------
+    def collective(self, kinds: Iterable[str]) -> None:
+        """Messages of ``kinds`` belong to exchanges that need every peer (all-reduce)."""
+        self.collective_kinds |= frozenset(kinds)
+
+    def keep_for_rejoin(self) -> None:
+        """Keep the last few messages sent to each peer (copies), for a peer that restarts
+        from a checkpoint and asks for them again."""
+        if self._replay is None:
+            self._replay = {}
+
+    # -- losses -----------------------------------------------------------------------------
+    def firsthand(self) -> set[int]:
+        return {rank for rank, loss in self.lost.items() if loss.firsthand}
+
+    def declare_dead(self, rank: int, reason: str) -> None:
+        """This peer's own verdict: ``rank`` is dead. Logged once, told to every other peer."""
+        if rank in self.lost and self.lost[rank].firsthand:
+            return
+        self.lost[rank] = Loss(rank, self.round, reason, True)
+        log.warning("rank %d: %s is dead (noticed at round %d): %s", self._t.rank,
+                    self._t.describe(rank), self.round, reason)
+        self._broadcast(GONE, {"rank": rank, "why": reason}, include=rank)
+
+    def note_lost(self, rank: int, round: int, reason: str) -> None:
+        """Count ``rank`` lost on known grounds (e.g. a checkpoint's record), quietly."""
+        if rank != self._t.rank and rank not in self.lost:
+            self.lost[rank] = Loss(rank, round, reason, True)
+
+    def check(self, src: int | None, kind: str | None, round: int | None) -> None:
+        """Raise if the message asked for will never come; see the module docstring."""
+        if src is not None:
+            loss = self.lost.get(src)
+            if loss is not None and loss.firsthand:
+                raise self._gone(loss, kind, round)
+        if kind is not None and kind in self.collective_kinds:
+            if round is not None and round <= self.skip_through:
+                raise CollectiveAborted(
+                    f"rank {self._t.rank}: {kind} of round {round} was abandoned: a restarted "
+                    f"peer rejoined while it was under way (rounds <= {self.skip_through})")
+            if self.lost:
+                raise self._gone(self.lost[min(self.lost)], kind, round)
+
+    def check_delivery(self, dst: int, kind: str) -> None:
+        """Raise if a message sent to ``dst`` will never be read (for Delivery.wait)."""
+        loss = self.lost.get(dst)
+        if loss is not None and loss.firsthand:
+            raise self._gone(loss, kind, None)
+        if kind in self.collective_kinds and self.lost:
+            raise self._gone(self.lost[min(self.lost)], kind, None)
+
+    def _gone(self, loss: Loss, kind: str | None, round: int | None) -> PeerGone:
+        waiting = (f" (waiting for {kind or 'a message'} of round "
+                   f"{round if round is not None else 'any'})")
+        return PeerGone(f"rank {self._t.rank}: {self._t.describe(loss.rank)} is dead, noticed "
+                        f"at round {loss.round}: {loss.reason}{waiting}", rank=loss.rank)
+
+    # -- control messages -------------------------------------------------------------------
+    def control(self, msg: Message) -> None:
+        """Handle a control message (called by the transport for every one it accepts)."""
+        meta, src = msg.meta, msg.src
+        try:
+            if msg.kind == GONE:
+                rank, why = _int(meta, "rank"), str(meta.get("why", "?"))[:500]
+                if self._t.size is not None and not 0 <= rank < self._t.size:
+                    raise ValueError(f"rank {rank} is not a peer")
+                if rank == self._t.rank:
+                    if src not in self.lost or not self.lost[src].firsthand:
+                        self.lost[src] = Loss(src, self.round, f"it declared this peer dead "
+                                              f"({why}) and will not talk to it again", True)
+                        log.warning("rank %d: %s dropped this peer: %s", self._t.rank,
+                                    self._t.describe(src), why)
+                elif rank not in self.lost and rank != src:
+                    self.lost[rank] = Loss(rank, self.round, f"reported by peer {src}: {why}",
+                                           False)
+                    log.info("rank %d: peer %d reports %s dead: %s", self._t.rank, src,
+                             self._t.describe(rank), why)
+            elif msg.kind == JOIN:
+                _int(meta, "round")
+                loss = self.lost.get(src)
+                if loss is not None and not loss.firsthand:  # it is back, whoever said not
+                    del self.lost[src]
+                    loss = None
+                self._send(src, WELCOME, {
+                    "round": self.round,
+                    "lost": [[r, loss.round] for r, loss in self.lost.items() if r != src],
+                    "dropped": bool(loss is not None and loss.firsthand),
+                    "restarting": self._rejoining})
+            elif msg.kind == WELCOME:
+                _int(meta, "round")
+                if not isinstance(meta.get("lost"), list):
+                    raise ValueError("lost is not a list")
+                self._welcomes[src] = meta
+            elif msg.kind == RESUME:
+                start, skip = _int(meta, "round"), _int(meta, "skip")
+                self.skip_through = max(self.skip_through, skip)
+                self._replay_to(src, start)
+        except (ValueError, TypeError) as exc:
+            self._t.reject(f"{msg.kind} from peer {src}: bad meta: {exc}")
+
+    def _broadcast(self, kind: str, meta: dict, *, include: int | None = None) -> None:
+        for dst in range(self._t.size or 0):
+            if dst != self._t.rank and (dst not in self.lost or dst == include):
+                self._send(dst, kind, meta)
+
+    def _send(self, dst: int, kind: str, meta: dict) -> None:
+        try:
+            self._t.send(dst, Message(kind=kind, round=max(self.round, 0), meta=meta))
+        except Exception as exc:  # noqa: BLE001 - telling others is best effort
+            log.warning("rank %d: could not send %s to peer %d: %s", self._t.rank, kind, dst,
+                        exc)
+
+    # -- replay -----------------------------------------------------------------------------
+    def sent(self, dst: int, kind: str, round: int, header: bytes, frames: list) -> None:
+        """Keep a copy of a message just sent, if a restarted peer may ask for it again."""
+        if self._replay is None or kind in CONTROL or kind in self.collective_kinds:
+            return
+        kept = self._replay.get(dst)
+        if kept is None:
+            kept = self._replay[dst] = deque(maxlen=REPLAY_MESSAGES)
+        # Copies: the sender may overwrite its tensors as soon as the send completed.
+        kept.append((kind, round, header, [f.clone() for f in frames]))
+
+    def _replay_to(self, dst: int, start: int) -> None:
+        kept = (self._replay or {}).get(dst, ())
+        for kind, round, header, frames in list(kept):
+            if round >= start:
+                self._t._send_frames(dst, header, frames)
+                self._t.stats.sent(kind, len(header) + sum(f.numel() for f in frames))
+        log.info("rank %d: re-sent %d message(s) of rounds >= %d to restarted peer %d",
+                 self._t.rank, sum(1 for entry in kept if entry[1] >= start), start, dst)
+
+    # -- rejoining --------------------------------------------------------------------------
+    def rejoin(self, checkpoint_round: int, choose: Callable[[Mapping[int, int]], int],
+               timeout: float) -> int:
+        """Rejoin running peers after a restart from the checkpoint of ``checkpoint_round``.
+
+        Sends ``join`` to every peer not known lost, waits for every answer, lets ``choose``
+        pick the round to resume at from the rounds the answering peers are at, tells them
+        (``resume``), and returns that round. Peers that had dropped this one, and the peers
+        they know to be lost, are lost to it too. When every other peer is rejoining too (the
+        whole job restarted), they all resume at their common checkpoint round instead, for
+        any strategy.
+
+        Raises:
+            RejoinError: a peer did not answer within ``timeout`` s, a whole job restarts
+                from checkpoints of different rounds, or ``choose`` refuses.
+        """
+        self.round = checkpoint_round
+        self._rejoining = True
+        try:
+            return self._rejoin(checkpoint_round, choose, timeout)
+        finally:
+            self._rejoining = False
+
+    def _rejoin(self, checkpoint_round: int, choose: Callable[[Mapping[int, int]], int],
+                timeout: float) -> int:
+        t = self._t
+        others = [r for r in range(t.size or 0) if r != t.rank and r not in self.lost]
+        for dst in others:
+            self._send(dst, JOIN, {"round": checkpoint_round})
+        deadline = time.monotonic() + timeout
+        while set(others) - set(self._welcomes) and time.monotonic() < deadline:
+            frames = t._recv_frames(max(deadline - time.monotonic(), 0.0))
+            if frames is not None:
+                msg, size = t._accept(frames)
+                if msg is not None:
+                    t._keep(msg, size)
+        missing = sorted(set(others) - set(self._welcomes))
+        if missing:
+            raise RejoinError(f"rank {t.rank}: no answer to its join from "
+                              f"{', '.join(t.describe(r) for r in missing)} within {timeout:g} s")
+        rounds = {}
+        for src, welcome in sorted(self._welcomes.items()):
+            if welcome.get("dropped"):
+                self.lost[src] = Loss(src, checkpoint_round, "it had declared this peer dead "
+                                      "before the restart", True)
+            else:
+                rounds[src] = int(welcome["round"])
+            for entry in welcome["lost"]:
+                rank = entry[0] if isinstance(entry, list) and entry else None
+                if isinstance(rank, int) and rank != t.rank and rank not in self.lost:
+                    # Our links to it will never come up, so we could not tell ourselves.
+                    self.lost[rank] = Loss(rank, checkpoint_round,
+                                           f"lost before this peer restarted (reported by "
+                                           f"peer {src})", True)
+        restarting = {src: int(w["round"]) for src, w in self._welcomes.items()
+                      if w.get("restarting")}
+        if others and len(restarting) == len(others):  # the whole job restarts together
+            if set(restarting.values()) != {checkpoint_round}:
+                raise RejoinError(
+                    f"rank {t.rank}: every peer is restarting, but from checkpoints of "
+                    f"different rounds ({checkpoint_round} here, "
+                    f"{', '.join(f'{c} on peer {r}' for r, c in sorted(restarting.items()))}); "
+                    f"restart them from checkpoints of one round")
+            start = checkpoint_round  # nothing was under way: no all-peer round to abandon
+        else:
+            start = max(choose({r: c for r, c in rounds.items() if r not in self.lost}), 0)
+            self.skip_through = max([start, *rounds.values()]) + SKIP_MARGIN
+        for dst in sorted(rounds):
+            if dst not in self.lost:
+                self._send(dst, RESUME, {"round": start, "skip": self.skip_through})
+        self.round = start
+        # What the old incarnation was sent for earlier rounds is of no use any more.
+        kept = [(msg, size) for msg, size in t._pending if msg.round >= start]
+        t._pending = deque(kept)
+        t._pending_bytes = sum(size for _, size in kept)
+        self._welcomes.clear()
+        return start
+
+
+def _int(meta: Mapping, key: str) -> int:
+    value = meta.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{key}={value!r} is not an int")
+    return value

@@ -1,0 +1,180 @@
+"""A peer restarted from its checkpoint rejoins the running peers.
+
+The rejoin protocol with peers as threads over ZeroMQ (exact oracle), then end to end: real
+`gossip peer` processes, one SIGKILLed mid-run and restarted with --resume.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from gossip.metrics import read_jsonl
+from gossip.netutil import free_ports
+from gossip.peer import Peer
+from gossip.strategies.matcha import Matcha
+
+ROUNDS, EVERY, VICTIM = 40, 5, 2
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("strategy, options", [("dpsgd", {}), ("matcha", {"budget": 0.5})])
+def test_a_restarted_peer_rejoins_with_its_checkpointed_value(strategy, options,
+                                                               local_topology, run_peers):
+    """The victim dies once every peer finished round ``dies_before - 1`` and comes back at
+    once from its value of round ``checkpoint`` (its "checkpoint"). Its neighbours re-send
+    what the dead incarnation missed, so every round equals the oracle: the same mixing, the
+    victim's value swapped for its checkpointed one where it resumes."""
+    topology = local_topology("exponential-8")
+    size, rounds, checkpoint, dies_before, victim = 8, 30, 5, 8, 3
+    x0 = torch.randn(size, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    all_bound = threading.Barrier(size, timeout=10)
+    before_death = threading.Barrier(size, timeout=10)
+    resumed_at: list[int] = []
+
+    def open_peer(rank):
+        return Peer(rank, topology, strategy, timeout=10, dead_after=10, keep_for_rejoin=True,
+                    **options)
+
+    def main(rank: int) -> torch.Tensor:
+        results, x, saved = [], x0[rank].clone(), None
+        try:
+            with open_peer(rank) as peer:
+                all_bound.wait()
+                for rnd in range(rounds):
+                    if rnd == checkpoint:
+                        saved = x.clone()
+                    if rnd == dies_before:
+                        before_death.wait()
+                        if rank == victim:
+                            peer.transport.close()  # no goodbye: killed
+                            raise Killed
+                    x = peer.synchronize(x, rnd)
+                    results.append(x.clone())
+                assert peer.lost_peers == {}
+        except Killed:
+            with open_peer(rank) as peer:  # the restart: same rank, same address
+                start = peer.rejoin(checkpoint)
+                resumed_at.append(start)
+                x = saved
+                results += [torch.full_like(x, torch.nan)] * (start - len(results))
+                for rnd in range(start, rounds):
+                    x = peer.synchronize(x, rnd)
+                    results.append(x.clone())
+        return torch.stack(results)
+
+    results = torch.stack(run_peers(size, main, timeout=60), dim=1)
+    (start,) = resumed_at
+    if strategy == "dpsgd":  # its neighbours all wait for its message of the death round
+        mixing = [topology.mixing_matrix()] * rounds
+        assert start == dies_before
+    else:  # the first round from there on in which one of its edges is active
+        plan = Matcha(rank=0, topology=topology, transport=_NoTransport(), **options).plan
+        mixing = [_matcha_w(plan, 0, k) for k in range(rounds)]
+        assert start >= dies_before
+        assert any(mixing[start][victim, j] for j in range(size) if j != victim)
+    x, expected = x0.numpy().copy(), []
+    for k in range(rounds):
+        if k == start:
+            x[victim] = expected[checkpoint - 1][victim]
+        x = mixing[k] @ x
+        expected.append(x)
+    expected = torch.from_numpy(np.stack(expected))
+    survivors = [r for r in range(size) if r != victim]
+    torch.testing.assert_close(results[dies_before:, survivors],
+                               expected[dies_before:, survivors], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(results[start:, victim], expected[start:, victim], rtol=1e-10,
+                               atol=1e-10)
+
+
+class _NoTransport:
+    def connect(self, ranks):
+        pass
+
+
+def _matcha_w(plan, seed: int, round: int) -> np.ndarray:
+    w = np.eye(plan.size)
+    draws = np.random.default_rng([seed, round]).random(len(plan.matchings))
+    for j, p in enumerate(plan.probabilities):
+        if draws[j] < p:
+            for a, b in plan.matchings[j]:
+                w[a, b] = w[b, a] = plan.alpha
+                w[a, a] -= plan.alpha
+                w[b, b] -= plan.alpha
+    return w
+
+
+def start(rank: int, tmp_path: Path, *extra: str) -> subprocess.Popen:
+    with open(tmp_path / f"peer-{rank}{'-resumed' if extra else ''}.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gossip", "peer", "--rank", str(rank), "--topology",
+             str(tmp_path / "ring.yaml"), "--run-dir", str(tmp_path / "run"), "--quiet",
+             "--rounds", str(ROUNDS), "--checkpoint-every", str(EVERY), "--timeout", "60",
+             # The restart (a new Python, torch imported) must come back before its
+             # neighbours give up on it: a rejoin, not a death.
+             "--dead-after", "40", "--compute-delay", "0.03", *extra],
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_a_killed_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path):
+    ports = free_ports(4)
+    (tmp_path / "ring.yaml").write_text(yaml.safe_dump({
+        "peers": [{"rank": r, "host": "127.0.0.1", "port": p} for r, p in enumerate(ports)],
+        "edges": [[r, (r + 1) % 4] for r in range(4)]}))
+    metrics = tmp_path / "run" / f"peer-{VICTIM}.jsonl"
+    procs = {rank: start(rank, tmp_path) for rank in range(4)}
+    try:
+        deadline = time.monotonic() + 90
+        while not (metrics.exists() and len(read_jsonl(metrics)) >= 2 * EVERY + 3):
+            assert time.monotonic() < deadline, "the victim never got going"
+            assert all(p.poll() is None for p in procs.values()), _logs(tmp_path)
+            time.sleep(0.02)
+        os.kill(procs[VICTIM].pid, signal.SIGKILL)
+        procs[VICTIM].wait()
+        died_after = len(read_jsonl(metrics))  # rounds it had completed
+        procs[VICTIM] = start(VICTIM, tmp_path, "--resume")
+        for rank, proc in procs.items():
+            assert proc.wait(timeout=120) == 0, _logs(tmp_path)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    records = {rank: read_jsonl(tmp_path / "run" / f"peer-{rank}.jsonl") for rank in range(4)}
+    for rank in range(4):  # every round once, the victim's file rewritten after its restart
+        assert [r["round"] for r in records[rank]] == list(range(ROUNDS)), rank
+        assert records[rank][-1]["lost_peers"] == {}  # a rejoin is not a loss
+    resumed = [r for r in records[VICTIM] if "resumed_from" in r]
+    assert len(resumed) == 1
+    checkpoint_round, rejoined_at = resumed[0]["resumed_from"], resumed[0]["round"]
+    # At most one checkpoint interval of its own progress lost, and it rejoined where its
+    # neighbours were waiting (at most a round behind where it died).
+    assert checkpoint_round % EVERY == 0
+    assert 0 <= died_after - checkpoint_round <= EVERY, (died_after, checkpoint_round)
+    assert died_after - 1 <= rejoined_at <= died_after + 1, (died_after, rejoined_at)
+    final = [records[rank][-1] for rank in range(4)]
+    assert all(r["accuracy"] > 0.8 for r in final), final
+    # The last round's probe ran over all four peers again: they agree closely.
+    assert final[0]["consensus"] is not None and final[0]["consensus"] < 0.05
+    assert "resumed from the checkpoint of round" in (
+        tmp_path / f"peer-{VICTIM}-resumed.log").read_text()
+
+
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}"
+                     for p in sorted(tmp_path.glob("peer-*.log")))
