@@ -150,7 +150,9 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
               **config.options) as node, MetricsWriter(metrics_path) as metrics, \
             tqdm(total=config.rounds, desc=f"peer {rank}", disable=quiet, unit="round") as bar:
-        last = train(node, config, metrics=metrics, on_round=lambda _: bar.update(1),
+        # To the record's round, not +1: a resumed peer starts where its checkpoint left off.
+        last = train(node, config, metrics=metrics,
+                     on_round=lambda record: bar.update(record["round"] + 1 - bar.n),
                      checkpoint_path=checkpoint_path if config.checkpoint_every or resume
                      else None, resume=resume, history=history)
     lost = "".join(f" lost peer {r} (round {at})" for r, at in last["lost_peers"].items())
