@@ -23,7 +23,24 @@ from gossip.strategies.allreduce import RingAllReduce
 from gossip.transport import Message
 
 
-class CompressedRingAllReduce(RingAllReduce):
+class _RingWithCompressor(RingAllReduce):
+    """A ring all-reduce that owns a compressor, and with it the state a checkpoint keeps."""
+
+    def __init__(self, *, rank, topology, transport, compressor: Compressor,
+                 piece_bytes: int = 64 << 20, tag: str = "ring"):
+        super().__init__(rank=rank, topology=topology, transport=transport,
+                         piece_bytes=piece_bytes, tag=tag)
+        self.compressor = compressor
+
+    def state_dict(self) -> dict:
+        """The compressor's (error-feedback residuals, one per compression point)."""
+        return {"compressor": self.compressor.state_dict()}
+
+    def load_state_dict(self, state) -> None:
+        self.compressor.load_state_dict(state.get("compressor", {}))
+
+
+class CompressedRingAllReduce(_RingWithCompressor):
     """Mean over all peers; every message is a payload of ``compressor``.
 
     Args:
@@ -39,15 +56,7 @@ class CompressedRingAllReduce(RingAllReduce):
                 f"differ between peers and grow as they are summed around the ring; use "
                 f"topk-allgather, gtopk or spardl (option density=...) for sparse all-reduce")
         super().__init__(rank=rank, topology=topology, transport=transport,
-                         piece_bytes=piece_bytes, tag=tag)
-        self.compressor = compressor
-
-    def state_dict(self) -> dict:
-        """The compressor's (error-feedback residuals, one per compression point)."""
-        return {"compressor": self.compressor.state_dict()}
-
-    def load_state_dict(self, state) -> None:
-        self.compressor.load_state_dict(state.get("compressor", {}))
+                         compressor=compressor, piece_bytes=piece_bytes, tag=tag)
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
@@ -114,7 +123,7 @@ class CompressedRingAllReduce(RingAllReduce):
         return payload
 
 
-class SharedRandomKRingAllReduce(RingAllReduce):
+class SharedRandomKRingAllReduce(_RingWithCompressor):
     """Mean of the same k random entries on every peer; the others come back as zeros.
 
     The random-k seed derives from (seed, tag, round), equal on all peers, so the k values
@@ -122,19 +131,6 @@ class SharedRandomKRingAllReduce(RingAllReduce):
     of the dense traffic, no indices on the wire. Error feedback (a wrapper of the
     compressor) keeps what was not picked for the next rounds.
     """
-
-    def __init__(self, *, rank, topology, transport, compressor: Compressor,
-                 piece_bytes: int = 64 << 20, tag: str = "ring"):
-        super().__init__(rank=rank, topology=topology, transport=transport,
-                         piece_bytes=piece_bytes, tag=tag)
-        self.compressor = compressor
-
-    def state_dict(self) -> dict:
-        """The compressor's (error-feedback residuals, one per compression point)."""
-        return {"compressor": self.compressor.state_dict()}
-
-    def load_state_dict(self, state) -> None:
-        self.compressor.load_state_dict(state.get("compressor", {}))
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
