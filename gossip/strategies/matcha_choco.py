@@ -49,7 +49,7 @@ class ChocoMatcha(Matcha):
         self.gamma = gamma
         self.mine: dict[int, torch.Tensor] = {}  # j -> x̂_i^(j), our copy as j holds it
         self.theirs: dict[int, torch.Tensor] = {}  # j -> x̂_j^(i)
-        self._like: torch.Tensor | None = None  # shape and dtype every round must have
+        self._tensor: tuple[int, torch.dtype] | None = None  # (numel, dtype) of every round
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
@@ -81,16 +81,15 @@ class ChocoMatcha(Matcha):
         return dest.view_as(x)
 
     def _check_like(self, flat: torch.Tensor) -> None:
-        if self._like is None:
-            self._like = flat.new_empty(0)
-            self._numel = flat.numel()
+        if self._tensor is None:
+            self._tensor = (flat.numel(), flat.dtype)
             if self.gamma is None:
                 self.gamma = default_gamma(self.compressor, flat.numel())
             self._shrink = (self.compressor.quality(flat.numel()) if self.compressor.unbiased
                             else 1.0)
-        elif self._numel != flat.numel() or self._like.dtype != flat.dtype:
+        elif self._tensor != (flat.numel(), flat.dtype):
             raise ConfigError(f"rank {self.rank}: CHOCO keeps public copies of one tensor of "
-                              f"{self._numel} {self._like.dtype}; got {flat.numel()} "
+                              f"{self._tensor[0]} {self._tensor[1]}; got {flat.numel()} "
                               f"{flat.dtype} (use one strategy instance per tensor)")
 
     @staticmethod
