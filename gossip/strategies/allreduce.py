@@ -4,13 +4,14 @@ The tensor is cut into P segments (sizes differ by at most one element; some may
 and each segment into pieces of at most ``piece_bytes``. A piece is forwarded as soon as it
 is reduced, so huge tensors stream around the ring instead of moving segment by segment
 (on few cores, fewer and larger messages are faster: the default only splits beyond 64 MiB).
-``out`` may alias the input: a reduce-scatter value is overwritten only after the ring has
-carried its successor back to us (so its receiver has read it), and all-gather sends are
-tracked and awaited before returning.
+Pieces are added into and forwarded from the buffers they arrived in, so only the first
+send reads the input; ``out`` may alias it (see ``synchronize``).
 Ranks form the ring 0 -> 1 -> ... -> P-1 -> 0 whatever the topology's edges are.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -47,8 +48,8 @@ class RingAllReduce(Strategy):
     """
 
     operates_on = "grads"
-    # Every element of the result passed through this peer's adds or came in one frame, and
-    # NaN/Inf survive both: one check of the result replaces 2(P-1)/P of a read per frame.
+    # Every element of the result is checked as it is copied into place (NaN/Inf survive the
+    # adds): one read of the result instead of 2(P-1)/P of one in per-frame checks.
     checks_own_result = True
 
     def __init__(self, *, rank, topology, transport, piece_bytes: int = 64 << 20,
@@ -76,43 +77,59 @@ class RingAllReduce(Strategy):
         rs, ag = self.kinds
         p, r = self.size, self.rank
 
-        # All-gather sends are tracked: nothing that comes back proves the right neighbour has
-        # read them, and the caller may overwrite ``out`` as soon as we return.
-        gathered = []
+        # Only the first send reads our memory; it is consumed before anything can overwrite
+        # it (the mean of our segment reaches us only after our right neighbour added it in).
+        # Every later send forwards a received buffer, updated in place: libzmq's own memory,
+        # sent by reference, with nothing to copy or track.
+        self._send_all(rs, round, 0, flat, pieces[r])
         # Reduce-scatter: after step s this peer holds the partial sum of segment r-s-1 over
         # s+2 peers; the last step completes segment r+1, which this peer then owns.
-        self._send_all(rs, round, 0, flat, pieces[r])
+        nonfinite = False
         for step in range(p - 1):
             seg = (r - step - 1) % p
             for j, (lo, hi) in enumerate(pieces[seg]):
-                part = self._recv(rs, round, step, j, flat.numel(), hi - lo)
-                torch.add(flat[lo:hi], part, out=out[lo:hi])
+                msg = self._recv(rs, round, step, j, flat, hi - lo)
+                part = msg.buffers[0]
+                part.add_(flat[lo:hi])
                 if step < p - 2:
-                    self._send(rs, round, step + 1, j, flat.numel(), out[lo:hi], track=False)
+                    self._forward(msg, rs, step + 1)
                 else:
-                    out[lo:hi].div_(p)
-                    gathered.append(self._send(ag, round, 0, j, flat.numel(), out[lo:hi],
-                                               track=True))
+                    part.div_(p)
+                    self._forward(msg, ag, 0)
+                    nonfinite |= self._keep(part, out[lo:hi])
         # All-gather: the owned mean segments travel once around the ring.
         for step in range(p - 1):
             seg = (r - step) % p
             for j, (lo, hi) in enumerate(pieces[seg]):
-                out[lo:hi].copy_(self._recv(ag, round, step, j, flat.numel(), hi - lo))
+                msg = self._recv(ag, round, step, j, flat, hi - lo)
                 if step < p - 2:
-                    gathered.append(self._send(ag, round, step + 1, j, flat.numel(),
-                                               out[lo:hi], track=True))
-        for delivery in gathered:
-            delivery.wait()
-        return self._check_finite(out, round).view_as(x)
+                    self._forward(msg, ag, step + 1)
+                nonfinite |= self._keep(msg.buffers[0], out[lo:hi])
+        if nonfinite:  # only now: raising earlier would leave the peers after us waiting
+            raise self._nonfinite(round)
+        return out.view_as(x)
 
     def _check_finite(self, result: torch.Tensor, round: int) -> torch.Tensor:
         """``result``, unless it holds NaN or Inf: then a ProtocolError, so no peer trains on
         it (every peer holds the same result, so every peer raises)."""
         if has_nonfinite(result):
-            raise ProtocolError(
-                f"rank {self.rank}: the all-reduced mean of round {round} holds NaN or Inf: "
-                f"some peer's input did (a diverged model?) or a message was corrupt")
+            raise self._nonfinite(round)
         return result
+
+    def _nonfinite(self, round: int) -> ProtocolError:
+        return ProtocolError(
+            f"rank {self.rank}: the all-reduced mean of round {round} holds NaN or Inf: "
+            f"some peer's input did (a diverged model?) or a message was corrupt")
+
+    @staticmethod
+    def _keep(part: torch.Tensor, dst: torch.Tensor) -> bool:
+        """Copy a piece of the result into place; whether it holds NaN or Inf.
+
+        Every element of the result passes here once, so this checks all of it, each piece
+        while it is still in cache.
+        """
+        dst.copy_(part)
+        return has_nonfinite(part)
 
     def _pieces(self, numel: int, itemsize: int) -> list[list[tuple[int, int]]]:
         """Per segment, the [lo, hi) ranges of its pieces; the same on every peer."""
@@ -124,17 +141,22 @@ class RingAllReduce(Strategy):
 
     def _send_all(self, kind, round, step, flat, pieces) -> None:
         for j, (lo, hi) in enumerate(pieces):
-            self._send(kind, round, step, j, flat.numel(), flat[lo:hi], track=False)
+            meta = {"n": flat.numel(), "s": step, "j": j}
+            self.transport.send(self.right, Message(kind=kind, round=round, meta=meta,
+                                                    buffers=(flat[lo:hi],)))
 
-    def _send(self, kind, round, step, piece, numel, tensor, *, track: bool):
-        meta = {"n": numel, "s": step, "j": piece}
-        msg = Message(kind=kind, round=round, meta=meta, buffers=(tensor,))
-        return self.transport.send(self.right, msg, track=track)
+    def _forward(self, msg: Message, kind: str, step: int) -> None:
+        """Send a received piece on to the right as ``kind`` ``step`` (by reference)."""
+        self.transport.send(self.right, replace(msg, kind=kind, meta={**msg.meta, "s": step}))
 
-    def _recv(self, kind, round, step, piece, numel, length) -> torch.Tensor:
+    def _recv(self, kind, round, step, piece, flat, length) -> Message:
         msg = self.transport.recv(src=self.left, kind=kind, round=round)
-        self._check_meta(kind, round, msg.meta, numel, step, piece)
-        return self._expect(msg, length)
+        self._check_meta(kind, round, msg.meta, flat.numel(), step, piece)
+        if self._expect(msg, length).dtype != flat.dtype:
+            raise ProtocolError(f"rank {self.rank}: peer {self.left} sent {kind} round {round} "
+                                f"as {msg.buffers[0].dtype}, expected {flat.dtype} — do all "
+                                f"peers synchronize tensors of the same dtype?")
+        return msg
 
     def _check_meta(self, kind, round, meta, numel, step, piece) -> None:
         if meta.get("n") != numel or meta.get("s") != step or meta.get("j") != piece:

@@ -158,13 +158,17 @@ class Transport(ABC):
 
     # -- subclass hooks -------------------------------------------------------------------
     @abstractmethod
-    def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False) -> list:
+    def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False,
+                     received: Sequence = ()) -> list:
         """Queue one multipart message for ``dst``; with ``track``, return handles whose
-        ``wait(timeout)`` returns once the transport no longer reads the tensors."""
+        ``wait(timeout)`` returns once the transport no longer reads the tensors.
+        ``received``: per frame, the received frame holding the same bytes, or None."""
 
     @abstractmethod
     def _recv_frames(self, timeout: float) -> list | None:
-        """The next multipart message from anyone, or None after ``timeout`` seconds."""
+        """The next multipart message from anyone, or None after ``timeout`` seconds.
+        Its frames are the receiver's own, writable memory: strategies update received
+        buffers in place and send them on."""
 
     @abstractmethod
     def close(self, linger: float = 0.0) -> None:
@@ -205,9 +209,13 @@ class Transport(ABC):
 
         Large tensors are sent zero-copy: do not modify them until ``.wait()`` on the
         returned Delivery (only meaningful with ``track=True``) has returned.
+        A buffer of a received message sent on (forwarded, changed in place or not) and not
+        tracked goes out as the frame it arrived in, by reference: the cheapest send there is,
+        and the same rule holds, since that frame's memory is the buffer's.
         """
         header, frames = codec.encode(msg, self.rank)
-        trackers = self._send_frames(dst, header, frames, track)
+        trackers = self._send_frames(dst, header, frames, track,
+                                     codec.received_frames(msg, frames))
         self.contacts.add(dst)
         self.stats.sent(msg.kind, len(header) + sum(f.numel() for f in frames))
         self.membership.sent(dst, msg.kind, msg.round, header, frames)

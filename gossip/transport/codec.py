@@ -136,7 +136,7 @@ def decode(
     if len(specs) != len(frames) - 1:
         raise ProtocolError(f"header lists {len(specs)} tensors but {len(frames) - 1} frames came")
     total = len(header_buf)
-    buffers = []
+    buffers, wire = [], []
     for i, (spec, frame) in enumerate(zip(specs, frames[1:])):
         dtype, shape = _tensor_spec(i, spec)
         buf = frame_buffer(frame)
@@ -150,12 +150,27 @@ def decode(
                 f"frame has {len(buf)}"
             )
         buffers.append(_as_tensor(buf, dtype, shape))
+        wire.append((buffers[-1].data_ptr(), len(buf), frame))
     if finite and kind not in finite_exempt:
         for i, tensor in enumerate(buffers):
             if has_nonfinite(tensor):
                 raise ProtocolError(f"{kind} round {rnd} from peer {src}: tensor {i} "
                                     f"({_DTYPE_NAMES[tensor.dtype]}) holds NaN or Inf")
-    return Message(kind=kind, round=rnd, src=src, meta=meta, buffers=tuple(buffers))
+    return Message(kind=kind, round=rnd, src=src, meta=meta, buffers=tuple(buffers),
+                   wire=tuple(wire))
+
+
+def received_frames(msg: Message, frames: Sequence[torch.Tensor]) -> list:
+    """Per frame about to be sent, the frame it was received in (its bytes are exactly that
+    frame's memory, changed in place or not), else None."""
+    if not msg.wire:
+        return [None] * len(frames)
+    by_address = {address: (nbytes, frame) for address, nbytes, frame in msg.wire if nbytes}
+    found = []
+    for f in frames:
+        nbytes, frame = by_address.get(f.data_ptr(), (0, None))
+        found.append(frame if nbytes == f.numel() else None)
+    return found
 
 
 def has_nonfinite(tensor: torch.Tensor) -> bool:

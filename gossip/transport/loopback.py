@@ -27,7 +27,8 @@ class LoopbackTransport(Transport):
         self.size = len(hub.queues)
         self.closed = False
 
-    def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False) -> list:
+    def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False,
+                     received=()) -> list:
         if self.closed:
             raise TransportError(f"rank {self.rank}: transport is closed")
         if not 0 <= dst < len(self.hub.queues):

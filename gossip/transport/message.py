@@ -19,6 +19,9 @@ class Message:
         src: Rank of the sender (set by the transport on send).
         meta: Small msgpack-able header values (step numbers, scales, ...).
         buffers: Tensors sent as raw frames after the header.
+        wire: For the transport only: the frames a received message arrived in. A buffer
+            sent on in place (the same memory) goes out as its received frame: no copy, and
+            nothing for the sender to track (see ``Transport.send``).
     """
 
     kind: str
@@ -26,3 +29,4 @@ class Message:
     src: int = -1
     meta: Mapping[str, Any] = field(default_factory=dict)
     buffers: tuple[torch.Tensor, ...] = ()
+    wire: tuple = field(default=(), repr=False, compare=False)

@@ -170,9 +170,15 @@ class ZmqTransport(Transport):
             if dst != self.rank:
                 self._socket_to(dst)
 
-    def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False) -> list:
+    def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False,
+                     received=()) -> list:
         parts, trackers = [header], []
-        for f in frames:
+        for f, frame in zip(frames, received or [None] * len(frames)):
+            if frame is not None and not track:
+                # libzmq's own message, shared by reference count: no copy, and no Python
+                # memory for pyzmq to hand back through its garbage-collector thread.
+                parts.append(frame)
+                continue
             array = f.numpy()
             # Zero-copy pays off only for large frames; small ones are cheaper to copy.
             if array.nbytes < codec.ZERO_COPY_MIN_BYTES:

@@ -93,3 +93,17 @@ def test_different_lengths_are_a_protocol_error(strategy, run_peers, open_peer):
 
     errors = run_peers(2, peer_main)
     assert any(isinstance(e, ProtocolError) and "same length" in str(e) for e in errors), errors
+
+
+def test_ring_allreduce_of_different_dtypes_is_a_protocol_error(run_peers, open_peer):
+    graph, hub = topology("ring", 3), LoopbackHub(3)
+    dtypes = [torch.float32, torch.float32, torch.float64]
+
+    def peer_main(rank: int) -> BaseException:
+        with pytest.raises((ProtocolError, PeerTimeout)) as info:
+            with open_peer(rank, graph, "ring-allreduce", hub=hub, timeout=1.0) as peer:
+                peer.synchronize(torch.zeros(7, dtype=dtypes[rank]), 0)
+        return info.value
+
+    errors = run_peers(3, peer_main)
+    assert any(isinstance(e, ProtocolError) and "same dtype" in str(e) for e in errors), errors

@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -211,6 +212,33 @@ def test_tracked_send_may_be_overwritten_after_wait(network):
     x.fill_(-1.0)
     assert torch.equal(t0.recv().buffers[0], torch.arange(codec.ZERO_COPY_MIN_BYTES,
                                                           dtype=torch.float32))
+
+
+@pytest.mark.parametrize("network", SENDING_KINDS, indirect=True)
+def test_forwarded_buffer_changed_in_place_arrives_changed(network):
+    """A received buffer sent on goes out as its own frame (ZeroMQ: by reference): what
+    arrives is its memory as it was at the send, with the forwarder's header."""
+    t0, t1, t2 = network.open(3)
+    x = torch.arange(codec.ZERO_COPY_MIN_BYTES, dtype=torch.float32)  # a zero-copy frame
+    t0.send(1, Message("gossip", 0, meta={"hop": 0}, buffers=(x,)))
+    got = t1.recv(src=0)
+    got.buffers[0].mul_(2)
+    t1.send(2, replace(got, meta={"hop": 1}))
+    final = t2.recv()
+    assert (final.src, final.meta) == (1, {"hop": 1})
+    assert torch.equal(final.buffers[0], 2 * x)
+    assert t1.stats.bytes_sent == t2.stats.bytes_recv == t0.stats.bytes_sent
+
+
+def test_only_a_received_buffers_own_memory_goes_out_as_its_frame():
+    frames = raw(Message("gossip", 0, buffers=(torch.arange(8.0), torch.arange(4.0))), 1)
+    msg = codec.decode([bytearray(f) for f in frames])
+    (_, _, frame_a), (_, _, frame_b) = msg.wire
+    a, b = msg.buffers
+    outgoing = [codec.host_bytes(t) for t in (b, a.add_(1), a[:4], a.clone(), torch.empty(0))]
+    assert codec.received_frames(msg, outgoing) == [frame_b, frame_a, None, None, None]
+    fresh = Message("gossip", 0, buffers=(a,))  # built anew: it arrived in no frame
+    assert codec.received_frames(fresh, outgoing[:1]) == [None]
 
 
 # -- rejection ------------------------------------------------------------------------------
