@@ -11,8 +11,6 @@ Ranks form the ring 0 -> 1 -> ... -> P-1 -> 0 whatever the topology's edges are.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from gossip.errors import ConfigError, ProtocolError
@@ -147,7 +145,8 @@ class RingAllReduce(Strategy):
 
     def _forward(self, msg: Message, kind: str, step: int) -> None:
         """Send a received piece on to the right as ``kind`` ``step`` (by reference)."""
-        self.transport.send(self.right, replace(msg, kind=kind, meta={**msg.meta, "s": step}))
+        self.transport.send(self.right, Message(kind, msg.round, meta={**msg.meta, "s": step},
+                                                buffers=msg.buffers, wire=msg.wire))
 
     def _recv(self, kind, round, step, piece, flat, length) -> Message:
         msg = self.transport.recv(src=self.left, kind=kind, round=round)

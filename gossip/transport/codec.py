@@ -207,11 +207,12 @@ def _tensor_spec(i: int, spec: Any) -> tuple[torch.dtype, list[int]]:
 
 def frame_buffer(frame: Any) -> memoryview:
     """The bytes of a received frame (zmq.Frame, bytes or bytearray) without a copy."""
-    buf = frame.buffer if hasattr(frame, "buffer") else frame
-    return memoryview(buf).cast("B")
+    buf = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+    return buf if buf.format == "B" and buf.ndim == 1 else buf.cast("B")
 
 
 def _as_tensor(buf: memoryview, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
     if len(buf) == 0:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+    flat = torch.frombuffer(buf, dtype=dtype)  # the length was checked against the shape
+    return flat if len(shape) == 1 else flat.reshape(shape)
