@@ -185,8 +185,10 @@ class Transport(ABC):
     def _heard(self, frames: list, msg: Message) -> None:
         """Called for every accepted message (goodbyes included), e.g. to track connections."""
 
-    def _poll_liveness(self) -> None:
-        """Read what is known about the peers' connections (may declare a peer dead)."""
+    def _poll_liveness(self) -> bool:
+        """Read what is known about the peers' connections; True if that declared a peer
+        dead just now."""
+        return False
 
     def connect(self, ranks) -> None:
         """Open the connections to ``ranks`` now rather than at the first send, so that a

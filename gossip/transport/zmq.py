@@ -46,6 +46,9 @@ DEAD_AFTER_S = 5.0
 # connection with messages on it.
 HEARTBEAT_S = 1.0
 HEARTBEAT_MIN_S = 5.0
+# While a receive waits, the connection monitors are read this often (and whenever the
+# queue runs empty after that): a dead peer is noticed at most this much later.
+WATCH_EVERY_S = 0.1
 
 
 class ZmqTransport(Transport):
@@ -81,7 +84,7 @@ class ZmqTransport(Transport):
         self._pull: zmq.Socket | None = None
         self._push: dict[int, zmq.Socket] = {}
         self._ipc_path: str | None = None
-        self._poller = zmq.Poller()
+        self._watch_due = 0.0  # when the connection watches are next read
         self._zap: ZapHandler | None = None
         self._watch: ConnectionWatch | None = None
         self._links = LinkWatch(dead_after)
@@ -117,11 +120,9 @@ class ZmqTransport(Transport):
             except (AttributeError, zmq.ZMQError):  # libzmq < 4.3: the handler must not fail
                 log.warning("rank %d: this libzmq cannot enforce ZAP (ZMQ_ZAP_ENFORCE_DOMAIN)",
                             self.rank)
-        self._poller.register(self._pull, zmq.POLLIN)
         self._watch = ConnectionWatch(self._pull, self.reject, max_frame_bytes=max_frame,
                                       curve=self.keys is not None,
                                       denials=self._zap.denials if self._zap else None)
-        self._poller.register(self._watch.socket, zmq.POLLIN)
         endpoint = self.endpoints[self.rank]
         twin = local_ipc(endpoint)
         try:
@@ -159,7 +160,7 @@ class ZmqTransport(Transport):
                 sock.curve_serverkey = self.keys.peers[dst].encode("ascii")
                 sock.curve_publickey = self.keys.public.encode("ascii")
                 sock.curve_secretkey = self.keys.secret.encode("ascii")
-            self._poller.register(self._links.add(dst, sock), zmq.POLLIN)
+            self._links.add(dst, sock)
             endpoint = self.endpoints[dst]
             sock.connect((self.use_ipc and local_ipc(endpoint)) or endpoint)
             self._push[dst] = sock
@@ -196,38 +197,36 @@ class ZmqTransport(Transport):
                               f"after {self.timeout:g} s (is it running?)") from None
 
     def _recv_frames(self, timeout: float) -> list | None:
-        pull, watch = self._pull, self._watch
+        pull = self._pull
         if pull is None:
             raise TransportError(f"rank {self.rank}: transport is not open")
-        try:
-            return pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            pass
-        # The queue is empty: the connection watches need attention only now.
         deadline = time.monotonic() + timeout
         while True:
-            remaining = deadline - time.monotonic()
-            due = watch.judge()
-            dead, link_due = self._links.judge(self.departed)
-            if dead:  # wake the caller: what it waits for may never come now
-                for rank, reason in dead:
-                    self.membership.declare_dead(rank, reason)
-                return None
-            due = min((d for d in (due, link_due) if d is not None), default=None)
-            wait = remaining if due is None else min(remaining, due)
-            ready = dict(self._poller.poll(math.ceil(max(wait, 0.0) * 1000)))
-            if watch.socket in ready:
-                watch.read()
-            for rank, monitor in list(self._links.sockets.items()):
-                if monitor in ready:
-                    self._links.read(rank)
-            if pull in ready:
+            now = time.monotonic()
+            if now >= self._watch_due:
                 try:
                     return pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
                 except zmq.Again:
-                    continue
-            if remaining <= 0:
-                return None
+                    pass
+                # The queue is empty: the connection watches need attention only now.
+                self._watch_due = now + WATCH_EVERY_S
+                if self._watch_connections():  # wake the caller: what it waits for may
+                    return None                # never come now
+            # A receive blocking in libzmq (GIL released) wakes on a message with less work
+            # than zmq_poll over the monitor sockets too; 0 ms makes it non-blocking.
+            wait = max(min(deadline, self._watch_due) - now, 0.0)
+            pull.setsockopt(zmq.RCVTIMEO, math.ceil(wait * 1000))
+            try:
+                return pull.recv_multipart(copy=False)
+            except zmq.Again:
+                if time.monotonic() >= deadline:
+                    return None
+
+    def _watch_connections(self) -> bool:
+        """Read the connection monitors; True if a peer was just declared dead."""
+        self._watch.read()
+        self._watch.judge()
+        return self._poll_liveness()
 
     def _sender(self, frames: list) -> int | None:
         if self.keys is None:
@@ -239,13 +238,14 @@ class ZmqTransport(Transport):
             raise ProtocolError(f"connection has no authenticated rank (User-Id {user!r})") \
                 from None
 
-    def _poll_liveness(self) -> None:
+    def _poll_liveness(self) -> bool:
         if self._ctx is None:
-            return
+            return False
         self._links.read_all()
         dead, _ = self._links.judge(self.departed)
         for rank, reason in dead:
             self.membership.declare_dead(rank, reason)
+        return bool(dead)
 
     def _heard(self, frames: list, msg: Message) -> None:
         if self._watch is not None:
@@ -260,19 +260,15 @@ class ZmqTransport(Transport):
             except FileNotFoundError:
                 pass
             self._ipc_path = None
-        for monitor in self._links.sockets.values():
-            self._poller.unregister(monitor)
         self._links.close()
         dead = self.membership.firsthand()
         for dst, sock in self._push.items():  # what is queued for a dead peer stays unsent
             sock.close(linger=0 if dst in dead else int(linger * 1000))
         self._push.clear()
         if self._watch is not None:
-            self._poller.unregister(self._watch.socket)
             self._watch.close()
             self._watch = None
         if self._pull is not None:
-            self._poller.unregister(self._pull)
             self._pull.close(linger=0)
             self._pull = None
         if self._zap is not None:
