@@ -19,8 +19,9 @@ def _bench_options(fn):
                      help="float32 elements, e.g. 1M, 25M."),
         click.option("--reps", type=int, default=10, show_default=True,
                      help="Timed repetitions per trial (median taken)."),
-        click.option("--trials", type=int, default=3, show_default=True,
-                     help="Interleaved trials (median of per-trial ratios)."),
+        click.option("--trials", type=int, default=5, show_default=True,
+                     help="Interleaved trials (median of per-trial ratios); shared machines "
+                          "swing by 10-20% between trials, so fewer are not worth reading."),
     ]):
         fn = option(fn)
     return fn

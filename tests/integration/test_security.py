@@ -162,3 +162,16 @@ def test_ipc_twin_is_keyed_too(keyed_ring):
         with ZmqTransport.for_topology(1, keyed_ring, timeout=5.0) as sender:
             sender.send(0, Message("gossip", 3, buffers=(torch.ones(2),)))  # over ipc
             assert target.recv(src=1).round == 3
+
+
+def test_ring_allreduce_forwards_decrypted_pieces_on_a_keyed_ring(tmp_path, local_topology,
+                                                                   run_rounds, make_data,
+                                                                   oracle):
+    """Ring pieces are sent on as the frames they arrived in; with CURVE those are the
+    decrypted messages, re-encrypted for the next hop, and carry their sender's identity."""
+    keys.generate(tmp_path / "keys", range(5))
+    topology = local_topology("ring", 5).with_keys(tmp_path / "keys")
+    n = 5 * (codec.ZERO_COPY_MIN_BYTES // 4) + 3  # large frames, not divisible by P
+    data = make_data(2, 5, (n,), torch.float32, seed=11)
+    run = run_rounds(topology, "ring-allreduce", data, inplace=True)
+    oracle.assert_mean_everywhere(run.results, data)
