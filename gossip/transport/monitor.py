@@ -176,7 +176,7 @@ class LinkWatch:
         self._judged: set[int] = set()  # declared dead: never again
 
     def add(self, rank: int, socket: zmq.Socket) -> zmq.Socket:
-        """Watch our link to ``rank``; returns the monitor socket to poll."""
+        """Watch our link to ``rank``; returns its monitor socket (``read`` drains it)."""
         monitor = socket.get_monitor_socket(self.EVENTS)
         self.sockets[rank], self._watched[rank] = monitor, socket
         return monitor
