@@ -131,7 +131,9 @@ class Fuzzer:
     def malformed(self, frames: list[bytes]) -> bool:
         """Whether the live peer must reject ``frames``: the codec with its settings says so."""
         try:
-            codec.decode(frames, kinds=self.target.kinds | {"bye"}, peers=2, finite=True,
+            # Writable copies, as a socket delivers them (and torch wants them).
+            codec.decode([bytearray(f) for f in frames], kinds=self.target.kinds | {"bye"},
+                         peers=2, finite=True,
                          max_message_bytes=MAX_MESSAGE_BYTES)
         except Exception:  # noqa: BLE001 - any failure is a rejection
             return True
