@@ -67,7 +67,8 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
         checkpoint_path: This peer's checkpoint file.
         resume: Restart from ``checkpoint_path`` and rejoin.
         history: With ``resume``: the records the peer wrote before it was restarted; those
-            of rounds before the one it resumes at are written again first.
+            of rounds before the one it resumes at are written again first, and the byte
+            counts go on from the last of them (else from the checkpoint's).
     """
     task = create_task(config.task, seed=config.seed)
     if model is None:
@@ -85,19 +86,23 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
     probe = peer.add_strategy("ring-allreduce", tag=PROBE_TAG)
     computed = 0  # mini-batches computed so far: indexes this rank's straggler draws
     first_round, resumed_from = 0, None
+    counted = (0, 0)  # bytes sent and received before this process started (a resume)
     if resume:
         if checkpoint_path is None:
             raise CheckpointError("resume needs a checkpoint file (--checkpoint-dir)")
-        resumed_from, computed = _restore(checkpoint_path, peer, config, model, optimizer)
+        resumed_from, computed, counted = _restore(checkpoint_path, peer, config, model,
+                                                   optimizer)
         for _ in range(computed):  # the data stream is a pure function of (seed, draws)
             batches.next()
         first_round = peer.rejoin(resumed_from)
         log.warning("rank %d: resumed from the checkpoint of round %d, rejoined at round %d",
                     peer.rank, resumed_from, first_round)
+        earlier = [old for old in history or () if old.get("round", first_round) < first_round]
+        if earlier:  # what the killed process had counted, up to the round we go on from
+            counted = (earlier[-1]["bytes_sent"], earlier[-1]["bytes_recv"])
         if metrics is not None:
-            for old in history or ():
-                if old.get("round", first_round) < first_round:
-                    metrics.write(old)
+            for old in earlier:
+                metrics.write(old)
     start = time.perf_counter()
     record: dict[str, Any] = {}
     for rnd in range(first_round, config.rounds):
@@ -133,7 +138,7 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
             peer.step(model, optimizer)
         t2 = time.perf_counter()
         after = peer.stats
-        sent, received = _algorithm_bytes(after)
+        sent, received = (new + old for new, old in zip(_algorithm_bytes(after), counted))
         _, accuracy = evaluate(model, task.test, task.loss_fn)
         record = {
             "round": rnd,
@@ -169,14 +174,14 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
                 "optimizer": optimizer.state_dict(),
                 "strategy_state": peer.strategy.state_dict(),
                 "torch_rng": torch.get_rng_state(), "batches_drawn": computed,
-                "lost_peers": peer.lost_peers})
+                "lost_peers": peer.lost_peers, "bytes": [sent, received]})
     return record
 
 
 def _restore(path, peer: Peer, config: TrainConfig, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+             optimizer: torch.optim.Optimizer) -> tuple[int, int, tuple[int, int]]:
     """Load this peer's checkpoint into the model, optimizer, strategy, RNG and the peers
-    it knew lost; returns (its round, batches drawn)."""
+    it knew lost; returns (its round, batches drawn, bytes sent and received by then)."""
     state = checkpoint.load(path, rank=peer.rank, strategy=config.strategy, task=config.task)
     try:
         model.load_state_dict(state["model"])
@@ -190,7 +195,8 @@ def _restore(path, peer: Peer, config: TrainConfig, model: torch.nn.Module,
     for rank, round in dict(state["lost_peers"]).items():
         peer.transport.membership.note_lost(int(rank), int(round),
                                             "lost before this peer's restart (checkpoint)")
-    return int(state["round"]), int(state["batches_drawn"])
+    sent, received = state.get("bytes", (0, 0))  # absent from checkpoints of before
+    return int(state["round"]), int(state["batches_drawn"]), (int(sent), int(received))
 
 
 def _probe(model, probe, rnd: int, task, peer: Peer) -> tuple[float | None, float | None]:

@@ -169,6 +169,10 @@ def test_a_killed_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path):
     assert died_after - 1 <= rejoined_at <= died_after + 1, (died_after, rejoined_at)
     final = [records[rank][-1] for rank in range(4)]
     assert all(r["accuracy"] > 0.8 for r in final), final
+    # Its byte counts go on from before the kill instead of restarting at 0.
+    sent = [r["bytes_sent"] for r in records[VICTIM]]
+    assert sent == sorted(sent), sent
+    assert sent[-1] >= 0.9 * final[(VICTIM + 2) % 4]["bytes_sent"], (sent[-1], final)
     # The last round's probe ran over all four peers again: they agree closely.
     assert final[0]["consensus"] is not None and final[0]["consensus"] < 0.05
     assert "resumed from the checkpoint of round" in (
