@@ -98,8 +98,9 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
         log.warning("rank %d: resumed from the checkpoint of round %d, rejoined at round %d",
                     peer.rank, resumed_from, first_round)
         earlier = [old for old in history or () if old.get("round", first_round) < first_round]
-        if earlier:  # what the killed process had counted, up to the round we go on from
-            counted = (earlier[-1]["bytes_sent"], earlier[-1]["bytes_recv"])
+        last = earlier[-1] if earlier else {}
+        if "bytes_sent" in last and "bytes_recv" in last:  # what the killed process counted
+            counted = (last["bytes_sent"], last["bytes_recv"])
         if metrics is not None:
             for old in earlier:
                 metrics.write(old)
