@@ -121,14 +121,14 @@ class ConnectionWatch:
             self._logged[reason] = now
         self._reject(reason, quiet=quiet)
 
-    def judge(self) -> float | None:
+    def judge(self) -> None:
         """Count the disconnects without a goodbye that are due; call only when the watched
-        socket's queue is empty. Returns seconds until the next one is due, or None."""
+        socket's queue is empty (the transport looks again every WATCH_EVERY_S)."""
         now = time.monotonic()
         while self._closed:
             when, fd, endpoint = self._closed[0]
             if now - when < GRACE_S:
-                return GRACE_S - (now - when)
+                return
             self._closed.popleft()
             src = self._last_src.pop(fd, None)
             if self._goodbyes[fd]:
@@ -141,7 +141,6 @@ class ConnectionWatch:
                          f"frame over the socket's {self._max_frame_bytes}-byte limit "
                          f"(ZMQ_MAXMSGSIZE) was dropped with whatever followed it, or the "
                          f"peer died")
-        return None
 
     def close(self) -> None:
         if self.socket is not None:
@@ -199,16 +198,14 @@ class LinkWatch:
         for rank in list(self.sockets):
             self.read(rank)
 
-    def judge(self, departed: set[int]) -> tuple[list[tuple[int, str]], float | None]:
-        """Peers now dead, each with its reason, and seconds until the next one may be due."""
-        now, dead, due = time.monotonic(), [], None
+    def judge(self, departed: set[int]) -> list[tuple[int, str]]:
+        """Peers now dead, each with its reason."""
+        now, dead = time.monotonic(), []
         for rank, since in list(self._down_since.items()):
             if rank in departed:  # it said goodbye: closing was the plan
                 del self._down_since[rank]
                 continue
-            left = since + self.dead_after - now
-            if left > 0:
-                due = left if due is None else min(due, left)
+            if now - since < self.dead_after:
                 continue
             del self._down_since[rank]
             if rank not in self._judged:
@@ -216,7 +213,7 @@ class LinkWatch:
                 dead.append((rank, (f"its connection broke (it exited, crashed or stopped "
                                     f"answering heartbeats) and did not come back within "
                                     f"{self.dead_after:g} s")))
-        return dead, due
+        return dead
 
     def close(self) -> None:
         for rank, monitor in self.sockets.items():

@@ -242,7 +242,7 @@ class ZmqTransport(Transport):
         if self._ctx is None:
             return False
         self._links.read_all()
-        dead, _ = self._links.judge(self.departed)
+        dead = self._links.judge(self.departed)
         for rank, reason in dead:
             self.membership.declare_dead(rank, reason)
         return bool(dead)
