@@ -36,7 +36,8 @@ def compare(contenders: dict[str, Callable[[], list[float]]], *, trials: int,
 
 
 def allreduce(peers: int, numel: int, *, reps: int, trials: int, echo=print) -> dict[str, float]:
-    """Our ring all-reduce (same-host Unix sockets, and plain TCP) vs gloo's, in place."""
+    """Our ring all-reduce (same host: Unix sockets and shared memory; and plain TCP) vs
+    gloo's, in place."""
     return compare({
         "gloo": lambda: gloo_allreduce_times(peers, numel, reps=reps),
         "gossip ring-allreduce": lambda: strategy_times("ring-allreduce", peers, numel,

@@ -131,6 +131,8 @@ class Transport(ABC):
 
     #: Number of ranks, if known: messages claiming another ``src`` are rejected.
     size: int | None = None
+    #: Kinds a transport exchanges for itself (handshakes), handed to ``_internal``.
+    own_kinds: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -184,6 +186,9 @@ class Transport(ABC):
 
     def _heard(self, frames: list, msg: Message) -> None:
         """Called for every accepted message (goodbyes included), e.g. to track connections."""
+
+    def _internal(self, msg: Message) -> None:
+        """Handle a message of one of ``own_kinds``."""
 
     def _poll_liveness(self) -> bool:
         """Read what is known about the peers' connections; True if that declared a peer
@@ -309,7 +314,8 @@ class Transport(ABC):
         size = sum(len(codec.frame_buffer(f)) for f in frames)
         self.stats.bytes_recv += size
         try:
-            msg = codec.decode(frames, kinds=self.kinds and self.kinds | INTERNAL,
+            kinds = self.kinds and self.kinds | INTERNAL | self.own_kinds
+            msg = codec.decode(frames, kinds=kinds,
                                max_message_bytes=self.max_message_bytes, peers=self.size,
                                sender=self._sender(frames), finite=self.reject_nonfinite,
                                finite_exempt=self._finite_exempt)
@@ -328,6 +334,9 @@ class Transport(ABC):
             return None, size
         if msg.kind in CONTROL:
             self.membership.control(msg)
+            return None, size
+        if msg.kind in self.own_kinds:
+            self._internal(msg)
             return None, size
         return msg, size
 

@@ -4,6 +4,7 @@ PUSH queues messages while a destination is still starting, so peers may start i
 order. Per-pair ordering is FIFO, which the strategies rely on for multi-part exchanges.
 With CURVE keys every socket authenticates and encrypts (ipc twins included): the PULL socket
 is a CURVE server that lets in only the topology's keys (auth.py), each PUSH a CURVE client.
+Without keys, large frames to peers on this machine go through shared memory (shm.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import zmq
 
 from gossip.errors import PeerTimeout, ProtocolError, TransportError
 from gossip.keys import CurveKeys, for_rank
-from gossip.transport import codec
+from gossip.transport import codec, shm
 from gossip.transport.auth import DOMAIN, ZapHandler
 from gossip.transport.base import BYE, Transport, log
 from gossip.transport.memory import keep_freed_buffers
@@ -49,6 +50,8 @@ HEARTBEAT_MIN_S = 5.0
 # While a receive waits, the connection monitors are read this often (and whenever the
 # queue runs empty after that): a dead peer is noticed at most this much later.
 WATCH_EVERY_S = 0.1
+# Handshake of a shared-memory segment (shm.py).
+SHM_OFFER, SHM_ACCEPT, SHM_REFUSE = "shm.offer", "shm.accept", "shm.refuse"
 
 
 class ZmqTransport(Transport):
@@ -58,6 +61,9 @@ class ZmqTransport(Transport):
         rank: This peer's rank; it binds ``endpoints[rank]``.
         endpoints: Every rank's endpoint, indexed by rank.
         local_ipc: Reach peers on loopback addresses through a Unix socket (faster).
+        shared_memory: Send large frames to those peers through shared memory (faster
+            still; shm.py). Off with CURVE keys, whose promise is encrypted bytes, and with
+            ``GOSSIP_SHARED_MEMORY=0`` in the environment.
         keys: CURVE keys (``gossip.keys.for_rank``): authenticate and encrypt every
             connection, let in only the other ranks' keys, and reject messages whose ``src``
             is not the rank whose key sent them. None: plaintext, anyone may connect.
@@ -66,8 +72,11 @@ class ZmqTransport(Transport):
         **kwargs: See Transport.
     """
 
+    own_kinds = frozenset({SHM_OFFER, SHM_ACCEPT, SHM_REFUSE})
+
     def __init__(self, rank: int, endpoints: Sequence[str], *, local_ipc: bool = True,
-                 keys: CurveKeys | None = None, dead_after: float = DEAD_AFTER_S, **kwargs):
+                 shared_memory: bool = True, keys: CurveKeys | None = None,
+                 dead_after: float = DEAD_AFTER_S, **kwargs):
         super().__init__(rank, **kwargs)
         if not dead_after > 0:
             raise TransportError(f"dead_after must be > 0 seconds, got {dead_after!r}")
@@ -88,6 +97,10 @@ class ZmqTransport(Transport):
         self._zap: ZapHandler | None = None
         self._watch: ConnectionWatch | None = None
         self._links = LinkWatch(dead_after)
+        self.shared_memory = (shared_memory and local_ipc and keys is None
+                              and os.environ.get("GOSSIP_SHARED_MEMORY", "1") != "0")
+        self._outboxes: dict[int, shm.Outbox | None] = {}  # None: the socket only
+        self._inbox = shm.Inbox() if self.shared_memory else None
 
     @classmethod
     def for_topology(cls, rank: int, topology, *, key_file=None, **kwargs) -> ZmqTransport:
@@ -173,9 +186,16 @@ class ZmqTransport(Transport):
 
     def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False,
                      received=()) -> list:
-        parts, trackers = [header], []
-        for f, frame in zip(frames, received or [None] * len(frames)):
-            if frame is not None and not track:
+        outbox = self._outbox(dst, frames)
+        parts, trackers, placed = [header], [], []
+        for i, (f, frame) in enumerate(zip(frames, received or [None] * len(frames)), 1):
+            # Copied into the segment at once: nothing to track either.
+            where = outbox.put(f) if outbox and f.numel() >= codec.ZERO_COPY_MIN_BYTES else None
+            if where is not None:
+                placed.append((i, *where))
+                parts.append(b"")
+                continue
+            if isinstance(frame, zmq.Frame) and not track:
                 # libzmq's own message, shared by reference count: no copy, and no Python
                 # memory for pyzmq to hand back through its garbage-collector thread.
                 parts.append(frame)
@@ -189,14 +209,86 @@ class ZmqTransport(Transport):
                 parts.append(frame)
                 if track:
                     trackers.append(_Tracker(frame.tracker))
+        if placed:
+            parts.insert(0, outbox.envelope(placed))
         try:
             self._socket_to(dst).send_multipart(parts, copy=False)
             return trackers
         except zmq.Again:
+            if placed:
+                outbox.free(offset for _, offset, _ in placed)
             raise PeerTimeout(f"rank {self.rank}: sending to {self.describe(dst)} timed out "
                               f"after {self.timeout:g} s (is it running?)") from None
 
+    def _outbox(self, dst: int, frames: list) -> shm.Outbox | None:
+        """The shared-memory segment for ``dst`` once it accepted it, else None. The first
+        large frame for a peer on this machine offers it one."""
+        if dst in self._outboxes:
+            return self._outboxes[dst] if self.shares_memory_with(dst) else None
+        if not any(f.numel() >= codec.ZERO_COPY_MIN_BYTES for f in frames):
+            return None
+        outbox = None
+        if self.shared_memory and local_ipc(self.endpoints[dst]):
+            try:
+                outbox = shm.Outbox()
+            except OSError as exc:
+                log.info("rank %d: no shared memory for %s (%s)", self.rank,
+                         self.describe(dst), exc)
+        self._outboxes[dst] = outbox
+        if outbox is not None:
+            self._send_own(dst, SHM_OFFER, outbox.offer())
+        return None
+
+    def shares_memory_with(self, rank: int) -> bool:
+        """Whether large frames to ``rank`` go through shared memory now."""
+        outbox = self._outboxes.get(rank)
+        return outbox is not None and outbox.accepted
+
+    def _send_own(self, dst: int, kind: str, meta: dict) -> None:
+        """Send one of ``own_kinds`` (no tensors, not kept for a rejoin)."""
+        header, _ = codec.encode(Message(kind=kind, round=-1, meta=meta), self.rank)
+        self._send_frames(dst, header, [])
+        self.stats.sent(kind, len(header))
+
+    def _internal(self, msg: Message) -> None:
+        if msg.kind == SHM_OFFER:
+            why = (self._inbox.attach(msg.src, msg.meta) if self._inbox is not None
+                   else "shared memory is off here")
+            token = msg.meta.get("token")
+            try:
+                if why is None:
+                    self._send_own(msg.src, SHM_ACCEPT, {"token": token})
+                else:
+                    self._send_own(msg.src, SHM_REFUSE, {"token": token, "why": why})
+            except PeerTimeout:
+                pass  # it is not reading: it will not send either
+            return
+        outbox = self._outboxes.get(msg.src)
+        if outbox is None or msg.meta.get("token") != outbox.token.hex():
+            self.reject(f"{msg.kind} from peer {msg.src} for a segment it was not offered")
+        elif msg.kind == SHM_ACCEPT:
+            outbox.accepted = True
+        else:
+            log.info("rank %d: %s cannot map shared memory (%s); large frames to it go over "
+                     "the socket", self.rank, self.describe(msg.src), msg.meta.get("why"))
+            self._outboxes[msg.src] = None
+            outbox.close()
+
     def _recv_frames(self, timeout: float) -> list | None:
+        frames = self._receive(timeout)
+        if frames is None or not shm.is_envelope(frames[0]):
+            return frames
+        try:
+            if self._inbox is None:
+                raise ProtocolError("frames in shared memory, which is off here")
+            return self._inbox.open(frames)
+        except ProtocolError as exc:
+            size = sum(len(codec.frame_buffer(f)) for f in frames)
+            self.stats.bytes_recv += size
+            self.reject(f"{exc} ({size} bytes)", nbytes=size)
+            return None  # woken early: the caller asks again
+
+    def _receive(self, timeout: float) -> list | None:
         pull = self._pull
         if pull is None:
             raise TransportError(f"rank {self.rank}: transport is not open")
@@ -261,6 +353,12 @@ class ZmqTransport(Transport):
                 pass
             self._ipc_path = None
         self._links.close()
+        for outbox in self._outboxes.values():
+            if outbox is not None:
+                outbox.close()
+        self._outboxes.clear()
+        if self._inbox is not None:
+            self._inbox.close()
         dead = self.membership.firsthand()
         for dst, sock in self._push.items():  # what is queued for a dead peer stays unsent
             sock.close(linger=0 if dst in dead else int(linger * 1000))

@@ -74,19 +74,32 @@ def test_matrix_shaped_tensor(local_topology, run_rounds, make_data, oracle):
 @pytest.mark.parametrize("n", [0, 5, codec.ZERO_COPY_MIN_BYTES // 4])
 def test_byte_counters_are_exact(n, local_topology, run_rounds):
     """One round on a ring of 4: each peer sends its tensor to its 2 neighbours, then a
-    goodbye to each; every byte is the encoded header plus 4n payload bytes."""
+    goodbye to each; every byte is the encoded header plus 4n payload bytes. A large tensor
+    first offers each neighbour shared memory, which it accepts: two more messages each
+    way, counted under their kinds, every byte sent received."""
     topology = local_topology("ring", 4)
     data = torch.ones(1, 4, n)
     stats = run_rounds(topology, "dpsgd", data).stats
+    handshake = ("shm.offer", "shm.accept") if 4 * n >= codec.ZERO_COPY_MIN_BYTES else ()
 
     def sent_to_each_neighbour(rank: int) -> int:
         gossip = Message("gossip", 0, meta={"n": n}, buffers=(torch.ones(n),))
         goodbye = Message("bye", -1)
         return len(codec.encode(gossip, rank)[0]) + 4 * n + len(codec.encode(goodbye, rank)[0])
 
+    def handshake_bytes(s, direction: str) -> int:
+        return sum(s["by_kind"][kind][f"bytes_{direction}"] for kind in handshake)
+
+    for kind in handshake:
+        for direction in ("bytes", "messages"):
+            sent, recv = (sum(s["by_kind"][kind][f"{direction}_{way}"] for s in stats)
+                          for way in ("sent", "recv"))
+            assert sent == recv > 0, (kind, direction)
     for rank, s in enumerate(stats):
         left, right = topology.neighbors(rank)
-        assert s["bytes_sent"] == 2 * sent_to_each_neighbour(rank)
-        assert s["bytes_recv"] == sent_to_each_neighbour(left) + sent_to_each_neighbour(right)
-        assert (s["messages_sent"], s["messages_recv"], s["messages_rejected"]) == (4, 4, 0)
+        assert s["bytes_sent"] == 2 * sent_to_each_neighbour(rank) + handshake_bytes(s, "sent")
+        assert s["bytes_recv"] == (sent_to_each_neighbour(left) + sent_to_each_neighbour(right)
+                                   + handshake_bytes(s, "recv"))
+        assert (s["messages_sent"], s["messages_recv"], s["messages_rejected"]) == \
+            (4 + 2 * len(handshake), 4 + 2 * len(handshake), 0)
         assert s["wait_s"] >= 0.0

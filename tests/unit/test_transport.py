@@ -164,8 +164,17 @@ def test_counters_are_exact(network, n):
     t1.send(0, msg)
     t0.recv(round=3)
     t0.recv(round=3)
-    assert (t1.stats.bytes_sent, t1.stats.messages_sent) == (2 * size, 2)
-    assert (t0.stats.bytes_recv, t0.stats.messages_recv) == (2 * size, 2)
+    sent, recv = t1.stats.by_kind["gossip"], t0.stats.by_kind["gossip"]
+    assert (sent["bytes_sent"], sent["messages_sent"]) == (2 * size, 2)
+    assert (recv["bytes_recv"], recv["messages_recv"]) == (2 * size, 2)
+    # Besides, only a shared-memory offer (a large tensor, peers on one machine), and the
+    # totals are exact sums.
+    offer = t1.stats.by_kind.get("shm.offer", {"bytes_sent": 0, "messages_sent": 0})
+    assert set(t1.stats.by_kind) <= {"gossip", "shm.offer"}
+    assert (t1.stats.bytes_sent, t1.stats.messages_sent) == \
+        (2 * size + offer["bytes_sent"], 2 + offer["messages_sent"])
+    assert (t0.stats.bytes_recv, t0.stats.messages_recv) == \
+        (2 * size + offer["bytes_sent"], 2 + offer["messages_sent"])
     assert t0.stats.snapshot()["wait_s"] >= 0.0
 
 
@@ -227,7 +236,8 @@ def test_forwarded_buffer_changed_in_place_arrives_changed(network):
     final = t2.recv()
     assert (final.src, final.meta) == (1, {"hop": 1})
     assert torch.equal(final.buffers[0], 2 * x)
-    assert t1.stats.bytes_sent == t2.stats.bytes_recv == t0.stats.bytes_sent
+    assert (t1.stats.by_kind["gossip"]["bytes_sent"] == t2.stats.by_kind["gossip"]["bytes_recv"]
+            == t0.stats.by_kind["gossip"]["bytes_sent"])
 
 
 def test_only_a_received_buffers_own_memory_goes_out_as_its_frame():
