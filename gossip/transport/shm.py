@@ -82,6 +82,7 @@ class Outbox:
         self._states = np.frombuffer(self._map, dtype=np.int64)
         self._live: deque[tuple[int, int]] = deque()  # (start, end) of records, oldest first
         self._reserved = DATA_START  # bytes backed by fallocate so far
+        self._limit = size  # where records may end: less once the machine ran out of memory
         self.accepted = False  # the destination mapped the segment
 
     def offer(self) -> dict:
@@ -91,7 +92,7 @@ class Outbox:
         """Copy a uint8 frame into a free record: its (data offset, bytes), or None if the
         segment has no room for it now."""
         nbytes = frame.numel()
-        if nbytes > self.size // 4:  # the segment must hold a few in flight
+        if nbytes > self._limit // 4:  # the segment must hold a few in flight
             return None
         start = self._allocate(RECORD_HEADER + _aligned(nbytes))
         if start is None:
@@ -122,9 +123,7 @@ class Outbox:
             wrapped = live[-1][0] < head
             if not wrapped and DATA_START + need <= head:  # lowest free space first
                 start = DATA_START
-            elif not wrapped and tail + need <= self.size:
-                start = tail
-            elif wrapped and tail + need <= head:
+            elif tail + need <= (head if wrapped else self._limit):
                 start = tail
             else:
                 return None
@@ -136,12 +135,14 @@ class Outbox:
     def _reserve(self, end: int) -> bool:
         if end <= self._reserved:
             return True
-        grown = min(self.size, -(-end // RESERVE_STEP) * RESERVE_STEP)
+        grown = min(self._limit, -(-end // RESERVE_STEP) * RESERVE_STEP)
         try:
             os.posix_fallocate(self.fd, self._reserved, grown - self._reserved)
         except OSError as exc:
-            log.warning("shared memory: cannot reserve %d more bytes (%s); large frames go "
-                        "over the socket", grown - self._reserved, exc)
+            log.warning("shared memory: cannot reserve %d more bytes (%s); the segment stays "
+                        "at %d bytes, larger bursts go over the socket",
+                        grown - self._reserved, exc, self._reserved)
+            self._limit = self._reserved  # asked once, not at every frame
             return False
         self._reserved = grown
         return True

@@ -6,6 +6,7 @@ The segment allocator and the envelope checks on their own, then real ZeroMQ tra
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import tempfile
@@ -62,6 +63,26 @@ def test_freed_space_is_reused_lowest_first_and_full_means_none(outbox):
 
 def test_frames_too_large_for_a_segment_are_refused(outbox):
     assert place(outbox, (1 << 20) // 4 + 1) is None
+
+
+def test_a_machine_out_of_memory_means_the_socket_not_a_crash(monkeypatch, caplog):
+    box = shm.Outbox(64 << 20)
+    try:
+        assert place(box, 1000) is not None  # reserves the first 16 MiB
+        calls = []
+
+        def no_memory(*args):
+            calls.append(args)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "posix_fallocate", no_memory)
+        assert place(box, 10 << 20) is not None  # within what is reserved
+        assert place(box, 10 << 20) is None and len(calls) == 1
+        assert "cannot reserve" in caplog.text
+        assert place(box, 1 << 20) is not None  # still fits
+        assert place(box, 10 << 20) is None and len(calls) == 1  # not asked again
+    finally:
+        box.close()
 
 
 # -- the receiver's side ----------------------------------------------------------------
