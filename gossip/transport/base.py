@@ -190,6 +190,10 @@ class Transport(ABC):
     def _internal(self, msg: Message) -> None:
         """Handle a message of one of ``own_kinds``."""
 
+    def _restarted(self, rank: int) -> None:
+        """``rank`` restarted (it asked to rejoin): forget what was set up with its old
+        process."""
+
     def _poll_liveness(self) -> bool:
         """Read what is known about the peers' connections; True if that declared a peer
         dead just now."""

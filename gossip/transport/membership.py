@@ -158,6 +158,7 @@ class Membership:
                              self._t.describe(rank), why)
             elif msg.kind == JOIN:
                 _int(meta, "round")
+                self._t._restarted(src)
                 loss = self.lost.get(src)
                 if loss is not None and not loss.firsthand:  # it is back, whoever said not
                     del self.lost[src]

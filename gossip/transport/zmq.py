@@ -244,6 +244,13 @@ class ZmqTransport(Transport):
         outbox = self._outboxes.get(rank)
         return outbox is not None and outbox.accepted
 
+    def _restarted(self, rank: int) -> None:
+        # Records its old process held stay busy for good: its successor gets a fresh
+        # segment, offered with the next large frame.
+        outbox = self._outboxes.pop(rank, None)
+        if outbox is not None:
+            outbox.close()
+
     def _send_own(self, dst: int, kind: str, meta: dict) -> None:
         """Send one of ``own_kinds`` (no tensors, not kept for a rejoin)."""
         header, _ = codec.encode(Message(kind=kind, round=-1, meta=meta), self.rank)

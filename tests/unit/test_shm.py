@@ -256,6 +256,31 @@ def test_a_receiver_keeping_frames_makes_the_rest_go_over_the_socket(transports,
         assert torch.equal(msg.buffers[0], torch.full((128 * KiB,), float(i)))
 
 
+def test_a_restarted_receiver_gets_a_fresh_segment(transports, monkeypatch):
+    """Records the old process held are never freed; its successor (rejoining with
+    ctl.join) must not inherit the clogged segment."""
+    monkeypatch.setattr(shm, "SEGMENT_BYTES", 4 << 20)
+    t0, t1 = transports(2)
+    handshake(t0, t1)
+    held = []  # what the old process held when it died: never freed
+    for i in range(8):
+        t0.send(1, Message("gossip", i, buffers=(torch.full((128 * KiB,), float(i)),)))
+        held.append(t1.recv(kind="gossip", round=i))
+    endpoints = t1.endpoints
+    t1.close()
+    with ZmqTransport(1, endpoints, timeout=5.0).open() as successor:
+        successor.send(0, Message("ctl.join", 0, meta={"round": 0}))
+        with pytest.raises(PeerTimeout):
+            t0.recv(timeout=0.2)  # reads the join, answers it
+        assert not t0.shares_memory_with(1)
+        handshake(t0, successor)
+        for i in range(8):
+            t0.send(1, Message("gossip", i, buffers=(torch.full((128 * KiB,), float(i)),)))
+            msg = successor.recv(kind="gossip", round=i)
+            assert in_shared_memory(msg) == [True]
+            assert torch.equal(msg.buffers[0], torch.full((128 * KiB,), float(i)))
+
+
 def test_a_receiver_without_shared_memory_refuses_and_all_goes_over_the_socket():
     endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(2)]
     with ZmqTransport(0, endpoints, timeout=5.0).open() as t0, \
