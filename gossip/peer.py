@@ -31,7 +31,8 @@ class Peer:
         timeout: Seconds to wait for any one message before raising PeerTimeout.
         transport: A transport to use instead of ZeroMQ (e.g. loopback in tests); the Peer
             takes ownership and closes it.
-        local_ipc: Reach peers on loopback addresses over Unix sockets instead of TCP.
+        local_ipc: Reach peers on loopback addresses over Unix sockets instead of TCP, with
+            large frames in shared memory (docs/ARCHITECTURE.md, Same-host fast path).
         key_file: This peer's CURVE secret key file, when the topology lists public keys (default:
             ``peer-RANK.key`` in the topology's key directory).
         dead_after: Declare a peer dead once our connection to it has been down this many

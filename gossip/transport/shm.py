@@ -11,8 +11,9 @@ Segments: one per (sender, destination), an anonymous memfd the receiver opens t
 ``/proc/<pid>/fd/<fd>``, so nothing is ever left behind, however the processes end.
 Handshake: the sender offers (pid, fd, size, token); the receiver maps the segment, checks
 that it is a gossip memfd holding the token (the same memory, not a namesake pid on another
-host) and accepts; only then do frames go through it. A receiver that cannot (another user,
-a hardened /proc) refuses and everything keeps going over the socket.
+host) and belongs to this user (no other could change frames under it), and accepts; only
+then do frames go through it. A receiver that cannot (another user, a hardened /proc)
+refuses and everything keeps going over the socket.
 
 Slots: the sender places each frame in a record whose first 8 bytes are a state word (busy,
 free). The receiver marks it free once the last reference to the frame is gone; the sender
@@ -166,7 +167,10 @@ class _Segment:
             raise OSError(f"{path} is {target}, not a gossip segment")
         handle = os.open(path, os.O_RDWR)
         try:
-            if os.fstat(handle).st_size != size:
+            stat = os.fstat(handle)
+            if stat.st_uid != os.getuid():  # another user could change frames under us
+                raise OSError(f"{path} belongs to uid {stat.st_uid}, not to this user")
+            if stat.st_size != size:
                 raise OSError(f"{path} is not {size} bytes")
             self.map = mmap.mmap(handle, size)
         finally:

@@ -142,6 +142,9 @@ def test_an_offer_of_anything_but_a_gossip_segment_is_refused(outbox):
     assert "ValueError" in inbox.attach(1, {**outbox.offer(), "token": "xyz"})
     assert "KeyError" in inbox.attach(1, {"pid": 1})
     assert "FileNotFoundError" in inbox.attach(1, {**outbox.offer(), "fd": 987654})
+    if os.getuid() == 0:  # only root can give a segment away
+        os.fchown(outbox.fd, 12345, -1)
+        assert "belongs to uid 12345" in inbox.attach(1, outbox.offer())
 
 
 @pytest.mark.parametrize("damage, reason", [
