@@ -272,7 +272,9 @@ class ZmqTransport(Transport):
             return
         outbox = self._outboxes.get(msg.src)
         if outbox is None or msg.meta.get("token") != outbox.token.hex():
-            self.reject(f"{msg.kind} from peer {msg.src} for a segment it was not offered")
+            # An answer to an offer since withdrawn (the peer restarted meanwhile), or to none.
+            log.info("rank %d: ignored %s from %s: not about its current segment", self.rank,
+                     msg.kind, self.describe(msg.src))
         elif msg.kind == SHM_ACCEPT:
             outbox.accepted = True
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import logging
 import os
 import tempfile
 import time
@@ -282,6 +283,16 @@ def test_a_restarted_receiver_gets_a_fresh_segment(transports, monkeypatch):
             msg = successor.recv(kind="gossip", round=i)
             assert in_shared_memory(msg) == [True]
             assert torch.equal(msg.buffers[0], torch.full((128 * KiB,), float(i)))
+
+
+def test_an_answer_to_no_offer_changes_nothing(transports, caplog):
+    caplog.set_level(logging.INFO, logger="gossip.transport")
+    t0, t1 = transports(2)
+    t1.send(0, Message("shm.accept", -1, meta={"token": "00" * 16}))
+    with pytest.raises(PeerTimeout):
+        t0.recv(timeout=0.2)
+    assert not t0.shares_memory_with(1) and "ignored shm.accept from peer 1" in caplog.text
+    handshake(t0, t1)  # a real offer still goes through
 
 
 def test_a_receiver_without_shared_memory_refuses_and_all_goes_over_the_socket():
