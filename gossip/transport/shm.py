@@ -29,14 +29,22 @@ import os
 import struct
 import weakref
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from gossip.errors import ProtocolError
+from gossip.errors import PeerTimeout, ProtocolError
+from gossip.transport import codec
+from gossip.transport.message import Message
 
 log = logging.getLogger("gossip.transport")
 
+# The handshake's message kinds, handled by the transport itself.
+OFFER, ACCEPT, REFUSE = "shm.offer", "shm.accept", "shm.refuse"
+KINDS = frozenset({OFFER, ACCEPT, REFUSE})
+# Smaller frames stay in the socket message: copying them there is cheaper.
+MIN_FRAME_BYTES = codec.ZERO_COPY_MIN_BYTES
 # Address space per segment. Memory is taken only as records are placed (and reserved with
 # fallocate, so a full machine means "use the socket", not SIGBUS); the lowest free space is
 # used first, so a segment's resident size stays near the bytes in flight at once.
@@ -254,6 +262,99 @@ class Inbox:
         # Frames still referenced keep their mapping alive; the rest unmap with the objects.
         self._segments.clear()
         self._by_sender.clear()
+
+
+class SharedMemory:
+    """One transport's shared memory with the peers on its machine: its segments to them,
+    theirs to it, and the handshake between the two.
+
+    Args:
+        rank: The transport's rank, for log lines.
+        send: ``send(dst, kind, meta)`` sends a handshake message.
+        describe: How to name a rank in log lines.
+        enabled: Offer segments and accept offers; False refuses every offer.
+        reachable: Whether a rank is on this machine, so that it may be offered a segment.
+    """
+
+    def __init__(self, rank: int, send: Callable[[int, str, dict], None],
+                 describe: Callable[[int], str], enabled: bool, *,
+                 reachable: Callable[[int], bool]):
+        self.rank, self._send, self._describe = rank, send, describe
+        self.enabled, self._reachable = enabled, reachable
+        self._outboxes: dict[int, Outbox | None] = {}  # None: the socket only
+        self._inbox = Inbox() if enabled else None
+
+    def outbox(self, dst: int, frames: list) -> Outbox | None:
+        """The segment for ``dst`` once it accepted it, else None. The first large frame for
+        a peer on this machine offers it one."""
+        if dst in self._outboxes:
+            return self._outboxes[dst] if self.shares_with(dst) else None
+        if not any(f.numel() >= MIN_FRAME_BYTES for f in frames):
+            return None
+        outbox = None
+        if self.enabled and self._reachable(dst):
+            try:
+                outbox = Outbox()
+            except OSError as exc:
+                log.info("rank %d: no shared memory for %s (%s)", self.rank,
+                         self._describe(dst), exc)
+        self._outboxes[dst] = outbox
+        if outbox is not None:
+            self._send(dst, OFFER, outbox.offer())
+        return None
+
+    def shares_with(self, rank: int) -> bool:
+        """Whether large frames to ``rank`` go through shared memory now."""
+        outbox = self._outboxes.get(rank)
+        return outbox is not None and outbox.accepted
+
+    def handle(self, msg: Message) -> None:
+        """Answer an offer, or take an answer to ours."""
+        if msg.kind == OFFER:
+            why = (self._inbox.attach(msg.src, msg.meta) if self._inbox is not None
+                   else "shared memory is off here")
+            token = msg.meta.get("token")
+            try:
+                if why is None:
+                    self._send(msg.src, ACCEPT, {"token": token})
+                else:
+                    self._send(msg.src, REFUSE, {"token": token, "why": why})
+            except PeerTimeout:
+                pass  # it is not reading: it will not send either
+            return
+        outbox = self._outboxes.get(msg.src)
+        if outbox is None or msg.meta.get("token") != outbox.token.hex():
+            # An answer to an offer since withdrawn (the peer restarted meanwhile), or to none.
+            log.info("rank %d: ignored %s from %s: not about its current segment", self.rank,
+                     msg.kind, self._describe(msg.src))
+        elif msg.kind == ACCEPT:
+            outbox.accepted = True
+        else:
+            log.info("rank %d: %s cannot map shared memory (%s); large frames to it go over "
+                     "the socket", self.rank, self._describe(msg.src), msg.meta.get("why"))
+            self._outboxes[msg.src] = None
+            outbox.close()
+
+    def restarted(self, rank: int) -> None:
+        """``rank`` restarted: records its old process held stay busy for good, so its
+        successor gets a fresh segment, offered with the next large frame."""
+        outbox = self._outboxes.pop(rank, None)
+        if outbox is not None:
+            outbox.close()
+
+    def open(self, frames: list) -> list:
+        """An envelope's message with its frames mapped in place (see ``Inbox.open``)."""
+        if self._inbox is None:
+            raise ProtocolError("frames in shared memory, which is off here")
+        return self._inbox.open(frames)
+
+    def close(self) -> None:
+        for outbox in self._outboxes.values():
+            if outbox is not None:
+                outbox.close()
+        self._outboxes.clear()
+        if self._inbox is not None:
+            self._inbox.close()
 
 
 def _buffer(frame) -> memoryview:

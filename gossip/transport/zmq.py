@@ -50,8 +50,6 @@ HEARTBEAT_MIN_S = 5.0
 # While a receive waits, the connection monitors are read this often (and whenever the
 # queue runs empty after that): a dead peer is noticed at most this much later.
 WATCH_EVERY_S = 0.1
-# Handshake of a shared-memory segment (shm.py).
-SHM_OFFER, SHM_ACCEPT, SHM_REFUSE = "shm.offer", "shm.accept", "shm.refuse"
 
 
 class ZmqTransport(Transport):
@@ -72,7 +70,7 @@ class ZmqTransport(Transport):
         **kwargs: See Transport.
     """
 
-    own_kinds = frozenset({SHM_OFFER, SHM_ACCEPT, SHM_REFUSE})
+    own_kinds = shm.KINDS
 
     def __init__(self, rank: int, endpoints: Sequence[str], *, local_ipc: bool = True,
                  shared_memory: bool = True, keys: CurveKeys | None = None,
@@ -99,8 +97,8 @@ class ZmqTransport(Transport):
         self._links = LinkWatch(dead_after)
         self.shared_memory = (shared_memory and local_ipc and keys is None
                               and os.environ.get("GOSSIP_SHARED_MEMORY", "1") != "0")
-        self._outboxes: dict[int, shm.Outbox | None] = {}  # None: the socket only
-        self._inbox = shm.Inbox() if self.shared_memory else None
+        self._shm = shm.SharedMemory(rank, self._send_own, self.describe, self.shared_memory,
+                                     reachable=self._on_this_machine)
 
     @classmethod
     def for_topology(cls, rank: int, topology, *, key_file=None, **kwargs) -> ZmqTransport:
@@ -186,11 +184,11 @@ class ZmqTransport(Transport):
 
     def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False,
                      received=()) -> list:
-        outbox = self._outbox(dst, frames)
+        outbox = self._shm.outbox(dst, frames)
         parts, trackers, placed = [header], [], []
         for i, (f, frame) in enumerate(zip(frames, received or [None] * len(frames)), 1):
             # Copied into the segment at once: nothing to track either.
-            where = outbox.put(f) if outbox and f.numel() >= codec.ZERO_COPY_MIN_BYTES else None
+            where = outbox.put(f) if outbox and f.numel() >= shm.MIN_FRAME_BYTES else None
             if where is not None:
                 placed.append((i, *where))
                 parts.append(b"")
@@ -220,36 +218,16 @@ class ZmqTransport(Transport):
             raise PeerTimeout(f"rank {self.rank}: sending to {self.describe(dst)} timed out "
                               f"after {self.timeout:g} s (is it running?)") from None
 
-    def _outbox(self, dst: int, frames: list) -> shm.Outbox | None:
-        """The shared-memory segment for ``dst`` once it accepted it, else None. The first
-        large frame for a peer on this machine offers it one."""
-        if dst in self._outboxes:
-            return self._outboxes[dst] if self.shares_memory_with(dst) else None
-        if not any(f.numel() >= codec.ZERO_COPY_MIN_BYTES for f in frames):
-            return None
-        outbox = None
-        if self.shared_memory and local_ipc(self.endpoints[dst]):
-            try:
-                outbox = shm.Outbox()
-            except OSError as exc:
-                log.info("rank %d: no shared memory for %s (%s)", self.rank,
-                         self.describe(dst), exc)
-        self._outboxes[dst] = outbox
-        if outbox is not None:
-            self._send_own(dst, SHM_OFFER, outbox.offer())
-        return None
+    def _on_this_machine(self, rank: int) -> bool:
+        """Whether ``rank`` is reached over the ipc twin (so shares this machine's memory)."""
+        return 0 <= rank < len(self.endpoints) and bool(local_ipc(self.endpoints[rank]))
 
     def shares_memory_with(self, rank: int) -> bool:
         """Whether large frames to ``rank`` go through shared memory now."""
-        outbox = self._outboxes.get(rank)
-        return outbox is not None and outbox.accepted
+        return self._shm.shares_with(rank)
 
     def _restarted(self, rank: int) -> None:
-        # Records its old process held stay busy for good: its successor gets a fresh
-        # segment, offered with the next large frame.
-        outbox = self._outboxes.pop(rank, None)
-        if outbox is not None:
-            outbox.close()
+        self._shm.restarted(rank)
 
     def _send_own(self, dst: int, kind: str, meta: dict) -> None:
         """Send one of ``own_kinds`` (no tensors, not kept for a rejoin)."""
@@ -258,39 +236,14 @@ class ZmqTransport(Transport):
         self.stats.sent(kind, len(header))
 
     def _internal(self, msg: Message) -> None:
-        if msg.kind == SHM_OFFER:
-            why = (self._inbox.attach(msg.src, msg.meta) if self._inbox is not None
-                   else "shared memory is off here")
-            token = msg.meta.get("token")
-            try:
-                if why is None:
-                    self._send_own(msg.src, SHM_ACCEPT, {"token": token})
-                else:
-                    self._send_own(msg.src, SHM_REFUSE, {"token": token, "why": why})
-            except PeerTimeout:
-                pass  # it is not reading: it will not send either
-            return
-        outbox = self._outboxes.get(msg.src)
-        if outbox is None or msg.meta.get("token") != outbox.token.hex():
-            # An answer to an offer since withdrawn (the peer restarted meanwhile), or to none.
-            log.info("rank %d: ignored %s from %s: not about its current segment", self.rank,
-                     msg.kind, self.describe(msg.src))
-        elif msg.kind == SHM_ACCEPT:
-            outbox.accepted = True
-        else:
-            log.info("rank %d: %s cannot map shared memory (%s); large frames to it go over "
-                     "the socket", self.rank, self.describe(msg.src), msg.meta.get("why"))
-            self._outboxes[msg.src] = None
-            outbox.close()
+        self._shm.handle(msg)
 
     def _recv_frames(self, timeout: float) -> list | None:
         frames = self._receive(timeout)
         if frames is None or not shm.is_envelope(frames[0]):
             return frames
         try:
-            if self._inbox is None:
-                raise ProtocolError("frames in shared memory, which is off here")
-            return self._inbox.open(frames)
+            return self._shm.open(frames)
         except ProtocolError as exc:
             size = sum(len(codec.frame_buffer(f)) for f in frames)
             self.stats.bytes_recv += size
@@ -362,12 +315,7 @@ class ZmqTransport(Transport):
                 pass
             self._ipc_path = None
         self._links.close()
-        for outbox in self._outboxes.values():
-            if outbox is not None:
-                outbox.close()
-        self._outboxes.clear()
-        if self._inbox is not None:
-            self._inbox.close()
+        self._shm.close()
         dead = self.membership.firsthand()
         for dst, sock in self._push.items():  # what is queued for a dead peer stays unsent
             sock.close(linger=0 if dst in dead else int(linger * 1000))

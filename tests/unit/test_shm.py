@@ -306,7 +306,7 @@ def test_a_receiver_without_shared_memory_refuses_and_all_goes_over_the_socket()
             assert torch.equal(msg.buffers[0], torch.full((BIG,), float(i)))
             with pytest.raises(PeerTimeout):
                 t0.recv(timeout=0.05)  # reads the refusal
-        assert not t0.shares_memory_with(1) and t0._outboxes[1] is None
+        assert not t0.shares_memory_with(1) and t0._shm._outboxes[1] is None
         assert t0.stats.by_kind["shm.refuse"]["messages_recv"] == 1
         assert t0.stats.messages_rejected == t1.stats.messages_rejected == 0
 
@@ -319,8 +319,8 @@ def test_only_unkeyed_peers_on_loopback_over_ipc_are_offered_shared_memory():
                      tuple(zmq.curve_keypair()[0].decode() for _ in endpoints))
     assert not ZmqTransport(0, endpoints, keys=keys).shared_memory
     remote = ZmqTransport(0, ["tcp://10.0.0.1:1", "tcp://10.0.0.2:2"])  # maybe netns
-    assert remote._outbox(1, [torch.zeros(BIG, dtype=torch.uint8)]) is None
-    assert remote._outboxes == {1: None}  # nothing offered, nothing to wait for
+    assert remote._shm.outbox(1, [torch.zeros(BIG, dtype=torch.uint8)]) is None
+    assert remote._shm._outboxes == {1: None}  # nothing offered, nothing to wait for
 
 
 def test_the_environment_turns_shared_memory_off(monkeypatch):
