@@ -66,7 +66,7 @@ MAX_ENTRIES = 64
 
 
 def is_envelope(frame) -> bool:
-    return bytes(_buffer(frame)[:len(MAGIC)]) == MAGIC
+    return bytes(codec.frame_buffer(frame)[:len(MAGIC)]) == MAGIC
 
 
 def _aligned(n: int) -> int:
@@ -98,10 +98,10 @@ class Outbox:
         return {"pid": os.getpid(), "fd": self.fd, "size": self.size, "token": self.token.hex()}
 
     def put(self, frame: torch.Tensor) -> tuple[int, int] | None:
-        """Copy a uint8 frame into a free record: its (data offset, bytes), or None if the
-        segment has no room for it now."""
+        """Copy a uint8 frame into a free record: its (data offset, bytes), or None if it
+        belongs in the socket message (small) or the segment has no room for it now."""
         nbytes = frame.numel()
-        if nbytes > self._limit // 4:  # the segment must hold a few in flight
+        if nbytes < MIN_FRAME_BYTES or nbytes > self._limit // 4:  # a few must fit at once
             return None
         start = self._allocate(RECORD_HEADER + _aligned(nbytes))
         if start is None:
@@ -226,7 +226,7 @@ class Inbox:
 
         Raises ProtocolError naming what is wrong with the envelope.
         """
-        body = _buffer(frames[0])[len(MAGIC):]
+        body = codec.frame_buffer(frames[0])[len(MAGIC):]
         if len(body) < _HEAD.size:
             raise ProtocolError("shared-memory envelope is truncated")
         pid, fd, size, token, count = _HEAD.unpack_from(body)
@@ -247,7 +247,8 @@ class Inbox:
         seen = set()
         for i in range(count):
             index, offset, nbytes = _ENTRY.unpack_from(body, _HEAD.size + i * _ENTRY.size)
-            if not 1 <= index < len(out) or index in seen or len(_buffer(out[index])):
+            placeholder = 1 <= index < len(out) and not len(codec.frame_buffer(out[index]))
+            if not placeholder or index in seen:
                 raise ProtocolError(f"shared-memory envelope names frame {index}, which is "
                                     f"not an empty placeholder")
             if (offset % ALIGN or offset < DATA_START + RECORD_HEADER or nbytes == 0
@@ -355,7 +356,3 @@ class SharedMemory:
         self._outboxes.clear()
         if self._inbox is not None:
             self._inbox.close()
-
-
-def _buffer(frame) -> memoryview:
-    return memoryview(frame.buffer if hasattr(frame, "buffer") else frame)

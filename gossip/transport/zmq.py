@@ -188,7 +188,7 @@ class ZmqTransport(Transport):
         parts, trackers, placed = [header], [], []
         for i, (f, frame) in enumerate(zip(frames, received or [None] * len(frames)), 1):
             # Copied into the segment at once: nothing to track either.
-            where = outbox.put(f) if outbox and f.numel() >= shm.MIN_FRAME_BYTES else None
+            where = outbox.put(f) if outbox else None
             if where is not None:
                 placed.append((i, *where))
                 parts.append(b"")

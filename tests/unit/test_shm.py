@@ -43,10 +43,14 @@ def place(box: shm.Outbox, nbytes: int) -> int | None:
 
 
 def test_records_are_aligned_and_hold_the_bytes(outbox):
-    frame = torch.arange(1000, dtype=torch.uint8)
+    frame = torch.arange(BIG + 1000, dtype=torch.int64).to(torch.uint8)
     offset, nbytes = outbox.put(frame)
-    assert nbytes == 1000 and offset % shm.ALIGN == 0
+    assert nbytes == BIG + 1000 and offset % shm.ALIGN == 0
     assert bytes(outbox._map[offset:offset + nbytes]) == frame.numpy().tobytes()
+
+
+def test_small_frames_stay_in_the_socket_message(outbox):
+    assert place(outbox, BIG - 1) is None and place(outbox, BIG) is not None
 
 
 def test_freed_space_is_reused_lowest_first_and_full_means_none(outbox):
@@ -56,9 +60,9 @@ def test_freed_space_is_reused_lowest_first_and_full_means_none(outbox):
     assert place(outbox, quarter) is None  # 3 records + the token leave less than a record
     outbox.free(first[:1])
     assert place(outbox, quarter) == first[0]  # wrapped to the front
-    assert place(outbox, 1) is None  # in use: front, then the other two behind it
+    assert place(outbox, BIG) is None  # in use: front, then the other two behind it
     outbox.free(first[1:])
-    second = place(outbox, 1)
+    second = place(outbox, BIG)
     assert second == first[1]  # the oldest live record was freed: reused in order
 
 
@@ -69,7 +73,7 @@ def test_frames_too_large_for_a_segment_are_refused(outbox):
 def test_a_machine_out_of_memory_means_the_socket_not_a_crash(monkeypatch, caplog):
     box = shm.Outbox(64 << 20)
     try:
-        assert place(box, 1000) is not None  # reserves the first 16 MiB
+        assert place(box, BIG) is not None  # reserves the first 16 MiB
         calls = []
 
         def no_memory(*args):
@@ -107,7 +111,7 @@ def state(box: shm.Outbox, data_offset: int) -> int:
 def test_a_received_frame_is_freed_once_nothing_refers_to_it(outbox):
     inbox = shm.Inbox()
     offered(outbox, inbox)
-    x = torch.arange(1001, dtype=torch.float64)
+    x = torch.arange(BIG // 8 + 1, dtype=torch.float64)
     frames = envelope_frames(outbox, [x])
     offset = shm._ENTRY.unpack_from(frames[0], len(shm.MAGIC) + shm._HEAD.size)[1]
     msg = codec.decode(inbox.open(frames))
@@ -124,7 +128,7 @@ def test_a_received_frame_is_freed_once_nothing_refers_to_it(outbox):
 def test_a_frame_outlives_its_senders_segment():
     box, inbox = shm.Outbox(1 << 20), shm.Inbox()
     offered(box, inbox)
-    x = torch.linspace(-1, 1, 5000)
+    x = torch.linspace(-1, 1, BIG // 4 + 5)
     msg = codec.decode(inbox.open(envelope_frames(box, [x])))
     box.close()
     inbox.close()
@@ -162,7 +166,7 @@ def test_an_offer_of_anything_but_a_gossip_segment_is_refused(outbox):
 def test_a_broken_envelope_is_refused_by_name(outbox, damage, reason):
     inbox = shm.Inbox()
     offered(outbox, inbox)
-    frames = envelope_frames(outbox, [torch.ones(100)])
+    frames = envelope_frames(outbox, [torch.ones(BIG)])
     with pytest.raises(Exception, match=reason):
         inbox.open(damage(frames))
 
@@ -335,12 +339,12 @@ def test_a_broken_envelope_is_rejected_and_the_peer_goes_on(transports, reasons)
         push = zmq.Context.instance().socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 1000)
         push.connect(t0.endpoints[0])
-        frames = envelope_frames(box, [torch.ones(100)])
+        frames = envelope_frames(box, [torch.ones(BIG)])
         push.send_multipart([entry(frames[0], nbytes=1 << 30)] + frames[1:])
         push.send_multipart(frames)  # never offered, but mappable: a restarted receiver
         push.send_multipart([shm.MAGIC])
         msg = t0.recv(kind="gossip")
-        assert torch.equal(msg.buffers[0], torch.ones(100))
+        assert torch.equal(msg.buffers[0], torch.ones(BIG))
         with pytest.raises(PeerTimeout):
             t0.recv(timeout=0.2)
         assert t0.stats.messages_rejected == 2
