@@ -12,6 +12,7 @@ from gossip import keys
 from gossip.errors import ConfigError
 from gossip.strategies import Strategy, create_strategy
 from gossip.strategies.base import check_options
+from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
 from gossip.transport import Transport, ZmqTransport
 from gossip.transport.zmq import DEAD_AFTER_S
 
@@ -39,6 +40,9 @@ class Peer:
             seconds (docs/ARCHITECTURE.md, Dead peers).
         keep_for_rejoin: Keep copies of the last messages sent to each peer, so that a
             neighbour restarted from a checkpoint can rejoin (``rejoin``).
+        comm_threads: torch intra-op threads of a round's communication and math (default:
+            this machine's cores divided by the topology's peers on it, at least 1; see
+            gossip/threads.py for why more threads than cores stall every peer).
         **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce.
 
     Raises:
@@ -49,7 +53,8 @@ class Peer:
     def __init__(self, rank: int, topology, strategy: str = "dpsgd", *, timeout: float = 60.0,
                  transport: Transport | None = None, local_ipc: bool = True,
                  key_file: str | Path | None = None, dead_after: float = DEAD_AFTER_S,
-                 keep_for_rejoin: bool = False, **options: Any):
+                 keep_for_rejoin: bool = False, comm_threads: int | None = None,
+                 **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
         check_options(strategy, options)  # also rejects an unknown strategy name
@@ -57,6 +62,8 @@ class Peer:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         if dead_after <= 0:
             raise ConfigError(f"dead_after must be positive, got {dead_after}")
+        if comm_threads is not None and (not isinstance(comm_threads, int) or comm_threads < 1):
+            raise ConfigError(f"comm_threads must be a positive integer, got {comm_threads!r}")
         self.rank = rank
         self.topology = topology
         self.strategy_name = strategy
@@ -66,6 +73,8 @@ class Peer:
         self.local_ipc = local_ipc
         self.dead_after = dead_after
         self.keep_for_rejoin = keep_for_rejoin
+        self.comm_threads = comm_threads or communication_threads(
+            peers_on_this_machine(topology, rank))
         # Read now, so a bad key fails before anything binds.
         self.keys = keys.for_rank(topology, rank, key_file) if transport is None else None
         self.strategy: Strategy | None = None
@@ -88,7 +97,8 @@ class Peer:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.transport.shutdown(timeout=min(self.timeout, 10.0))
+            with self.communicating():  # messages still arriving are decoded and checked
+                self.transport.shutdown(timeout=min(self.timeout, 10.0))
         else:
             # Error paths close at once (linger 0), except that this peer's notices of dead
             # peers get a moment to leave: without them the others would see this peer die
@@ -119,8 +129,9 @@ class Peer:
             RejoinError: the strategy cannot take a peer back into a running job, the
                 restarting peers' checkpoints differ, or the others did not answer in time.
         """
-        self.round = self.transport.membership.rejoin(
-            checkpoint_round, self.strategy.rejoin_round, timeout=self.timeout)
+        with self.communicating():
+            self.round = self.transport.membership.rejoin(
+                checkpoint_round, self.strategy.rejoin_round, timeout=self.timeout)
         return self.round
 
     @property
@@ -145,10 +156,16 @@ class Peer:
         if self.strategy is None:
             raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
         x = tensor.detach()
-        if x.device.type != "cpu":  # staged through host memory
-            result = self.strategy.synchronize(x.cpu().contiguous(), round)
-            return result.to(x.device) if out is None else out.copy_(result)
-        return self.strategy.synchronize(x.contiguous(), round, out=out)
+        with self.communicating():
+            if x.device.type != "cpu":  # staged through host memory
+                result = self.strategy.synchronize(x.cpu().contiguous(), round)
+                return result.to(x.device) if out is None else out.copy_(result)
+            return self.strategy.synchronize(x.contiguous(), round, out=out)
+
+    def communicating(self):
+        """Context for work on the communication path outside ``synchronize`` (another
+        strategy of this peer): torch runs it on ``comm_threads`` threads."""
+        return intra_op_threads(self.comm_threads)
 
     def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """One synchronized optimizer step.
@@ -158,17 +175,18 @@ class Peer:
         """
         params = [p for p in model.parameters() if p.requires_grad]
         if self.strategy.operates_on == "grads":
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            averaged = self.synchronize(parameters_to_vector(grads), self.round)
-            for p, g in zip(params, _split_like(averaged, params)):
-                if p.grad is None:
-                    p.grad = g.clone()
-                else:
-                    p.grad.copy_(g)
+            with self.communicating():  # flattening and copying back are ours too
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                averaged = self.synchronize(parameters_to_vector(grads), self.round)
+                for p, g in zip(params, _split_like(averaged, params)):
+                    if p.grad is None:
+                        p.grad = g.clone()
+                    else:
+                        p.grad.copy_(g)
             optimizer.step()
         else:
             optimizer.step()
-            with torch.no_grad():
+            with torch.no_grad(), self.communicating():
                 mixed = self.synchronize(parameters_to_vector(params), self.round)
                 vector_to_parameters(mixed, params)
         self.round += 1

@@ -68,7 +68,9 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
         resume: Restart from ``checkpoint_path`` and rejoin.
         history: With ``resume``: the records the peer wrote before it was restarted; those
             of rounds before the one it resumes at are written again first, and the byte
-            counts go on from the last of them (else from the checkpoint's).
+            counts go on from the last of them (else from the checkpoint's). A round before
+            it that has no record (the process was killed after its messages of that round
+            went out, before it recorded the round) gets a line with ``lost_work: true``.
     """
     task = create_task(config.task, seed=config.seed)
     if model is None:
@@ -97,7 +99,8 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
         first_round = peer.rejoin(resumed_from)
         log.warning("rank %d: resumed from the checkpoint of round %d, rejoined at round %d",
                     peer.rank, resumed_from, first_round)
-        earlier = [old for old in history or () if old.get("round", first_round) < first_round]
+        earlier = ([] if history is None else
+                   _records_before(first_round, history, peer.lost_peers, counted))
         last = earlier[-1] if earlier else {}
         if "bytes_sent" in last and "bytes_recv" in last:  # what the killed process counted
             counted = (last["bytes_sent"], last["bytes_recv"])
@@ -114,7 +117,7 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
         done, loss_sum, slept = 0, 0.0, 0.0
         for _ in range(config.minibatches):
             # Checked only between mini-batches: a backward pass cannot be interrupted.
-            if nonblocking is not None and nonblocking.stop_requested(rnd):
+            if nonblocking is not None and _stop_requested(peer, nonblocking, rnd):
                 break
             x, y = batches.next()
             c0 = time.perf_counter()
@@ -127,11 +130,13 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
             if on_minibatch is not None:
                 on_minibatch(rnd, done)
         if (nonblocking is not None and done == config.minibatches
-                and not nonblocking.stop_requested(rnd)):
-            nonblocking.request_stop(rnd)  # first to finish: everyone combines now
+                and not _stop_requested(peer, nonblocking, rnd)):
+            with peer.communicating():
+                nonblocking.request_stop(rnd)  # first to finish: everyone combines now
         t1 = time.perf_counter()
         if nonblocking is not None:
-            _nonblocking_step(nonblocking, model, optimizer, rnd, done)
+            with peer.communicating():
+                _nonblocking_step(nonblocking, model, optimizer, rnd, done)
             peer.round += 1
         else:
             if config.minibatches > 1:  # accumulated sum of means -> mean over the batch
@@ -179,6 +184,32 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
     return record
 
 
+def _records_before(first_round: int, history, lost_peers,
+                    counted: tuple[int, int]) -> list[dict[str, Any]]:
+    """One record per round before ``first_round``: the killed process's own, or a
+    ``lost_work`` line where it had none. Such a round did happen for the neighbours (they
+    mixed this peer's message of it) but its work died with the process: loss, accuracy and
+    timings are unknown (null); time, wall and bytes stay those of the record before (bytes:
+    ``counted``, the checkpoint's, if there is none)."""
+    recorded = {old["round"]: old for old in history
+                if isinstance(old.get("round"), int) and old["round"] < first_round}
+    out: list[dict[str, Any]] = []
+    for rnd in range(first_round):
+        if rnd in recorded:
+            out.append(recorded[rnd])
+            continue
+        before = out[-1] if out else {}
+        out.append({"round": rnd, "time": before.get("time", 0.0),
+                    "wall": before.get("wall", time.time()),
+                    "loss": None, "accuracy": None,
+                    "bytes_sent": before.get("bytes_sent", counted[0]),
+                    "bytes_recv": before.get("bytes_recv", counted[1]), "compute_s": None,
+                    "delay_s": None, "comm_s": None, "wait_s": None, "minibatches": 0,
+                    "samples": 0, "consensus": None, "avg_accuracy": None,
+                    "lost_peers": lost_peers, "lost_work": True})
+    return out
+
+
 def _restore(path, peer: Peer, config: TrainConfig, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer) -> tuple[int, int, tuple[int, int]]:
     """Load this peer's checkpoint into the model, optimizer, strategy, RNG and the peers
@@ -207,7 +238,7 @@ def _probe(model, probe, rnd: int, task, peer: Peer) -> tuple[float | None, floa
     if membership.lost or rnd <= membership.skip_through:
         return None, None
     try:
-        return _consensus(model, probe, rnd, task)
+        return _consensus(model, probe, rnd, task, peer)
     except (PeerGone, CollectiveAborted) as exc:
         log.info("rank %d: no consensus probe in round %d: %s", peer.rank, rnd, exc)
         return None, None
@@ -230,6 +261,11 @@ def _inject(delays: DelayModel, index: int, measured: float) -> float:
     if delay > 0:
         time.sleep(delay)
     return delay
+
+
+def _stop_requested(peer: Peer, strategy: NonBlocking, rnd: int) -> bool:
+    with peer.communicating():  # it reads (and checks) whatever messages wait
+        return strategy.stop_requested(rnd)
 
 
 def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -269,12 +305,13 @@ def _nonblocking_step(strategy: NonBlocking, model: torch.nn.Module,
 
 
 @torch.no_grad()
-def _consensus(model, probe, rnd: int, task) -> tuple[float, float]:
+def _consensus(model, probe, rnd: int, task, peer: Peer) -> tuple[float, float]:
     """Mean squared distance of the peers' parameters to their average, and the average
     model's test accuracy, from one all-reduce of [params, ||params||^2] in float64."""
     params = [p for p in model.parameters()]
     x = parameters_to_vector(params).double()
-    mean = probe.synchronize(torch.cat([x, x.dot(x).reshape(1)]), rnd)
+    with peer.communicating():
+        mean = probe.synchronize(torch.cat([x, x.dot(x).reshape(1)]), rnd)
     avg, mean_sq = mean[:-1], mean[-1].item()
     distance = max(mean_sq - avg.dot(avg).item(), 0.0)
     own = parameters_to_vector(params).clone()

@@ -44,6 +44,8 @@ def allreduce(peers: int, numel: int, *, reps: int, trials: int, echo=print) -> 
                                                         reps=reps),
         "gossip ring-allreduce (tcp only)": lambda: strategy_times(
             "ring-allreduce", peers, numel, reps=reps, local_ipc=False),
+        "gossip ring-allreduce (torch's default threads)": lambda: strategy_times(
+            "ring-allreduce", peers, numel, reps=reps, threads=None),
     }, trials=trials, baseline="gloo", echo=echo)
 
 
@@ -55,4 +57,7 @@ def gossip_round(peers: int, numel: int, *, reps: int, trials: int, echo=print) 
         "gossip dpsgd": lambda: strategy_times("dpsgd", peers, numel, reps=reps),
         "gossip dpsgd (tcp only)": lambda: strategy_times("dpsgd", peers, numel, reps=reps,
                                                           local_ipc=False),
+        # A library user who sets no OMP_NUM_THREADS: one torch thread per core in each peer.
+        "gossip dpsgd (torch's default threads)": lambda: strategy_times(
+            "dpsgd", peers, numel, reps=reps, threads=None),
     }, trials=trials, baseline="bare pyzmq exchange", echo=echo)

@@ -37,7 +37,7 @@ def run_ranks(
     world: int,
     *args: Any,
     timeout: float = 120.0,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
 ) -> list[Any]:
     """Run ``target(rank, world, *args)`` in ``world`` spawned processes.
 
@@ -49,7 +49,8 @@ def run_ranks(
             multiprocessing primitives must come from the ``spawn`` context.
         timeout: Seconds the whole run may take, counted from the first start.
         env: Environment variables for the ranks, applied on top of
-            :data:`DEFAULT_ENV` (so callers can override the thread caps).
+            :data:`DEFAULT_ENV` (so callers can override the thread caps); None unsets
+            one (e.g. ``OMP_NUM_THREADS: None`` leaves torch its default threads).
 
     Returns:
         The ranks' return values, ordered by rank.
@@ -158,10 +159,10 @@ def _stop_all(procs: Sequence[BaseProcess]) -> None:
 
 
 @contextmanager
-def _patched_environ(values: Mapping[str, str]) -> Iterator[None]:
-    """Temporarily set ``values`` in ``os.environ`` and restore it afterwards."""
+def _patched_environ(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Temporarily set ``values`` in ``os.environ`` (None: unset) and restore it afterwards."""
     saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
+    _apply_environ(values)
     try:
         yield
     finally:
@@ -170,6 +171,14 @@ def _patched_environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
+
+
+def _apply_environ(values: Mapping[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _rank_main(
@@ -182,7 +191,7 @@ def _rank_main(
 ) -> None:
     """Child entry point: apply the thread caps, run the target, report back."""
     try:
-        os.environ.update(env)
+        _apply_environ(env)
         _cap_torch_threads(env)
         result = target(rank, world, *args)
     except BaseException as exc:  # noqa: BLE001 -- SystemExit etc. must be reported too
@@ -204,7 +213,7 @@ def _cap_torch_threads(env: Mapping[str, str]) -> None:
     if torch is None:
         return
     try:
-        threads = int(env.get("OMP_NUM_THREADS", "1"))
+        threads = int(env.get("OMP_NUM_THREADS") or 0)
     except ValueError:
         return
     if threads > 0:

@@ -20,7 +20,7 @@ _HOST = "127.0.0.1"
 def strategy_times(strategy: str, world: int, numel: int, *, graph: str = "ring",
                    reps: int = 10, warmup: int = 2, options: Mapping[str, Any] | None = None,
                    local_ipc: bool = True, dtype: torch.dtype = torch.float32,
-                   timeout: float = 300) -> list[float]:
+                   timeout: float = 300, threads: int | None = 1) -> list[float]:
     """Per repetition, the slowest rank's time for one ``peer.synchronize`` of ``numel`` values.
 
     Args:
@@ -30,12 +30,20 @@ def strategy_times(strategy: str, world: int, numel: int, *, graph: str = "ring"
         graph: Topology generator kind for the peers' graph.
         options: Strategy options.
         local_ipc: Let same-host peers use Unix sockets (False: plain TCP on loopback).
+        threads: OMP_NUM_THREADS of every rank; None leaves torch its default (one thread
+            per core), as a library user who sets nothing has it.
     """
     ports = free_ports(world, _HOST)
     barrier = get_context("spawn").Barrier(world)
     per_rank = run_ranks(_rank, world, strategy, graph, ports, numel, reps, warmup,
-                         dict(options or {}), local_ipc, dtype, barrier, timeout, timeout=timeout)
+                         dict(options or {}), local_ipc, dtype, barrier, timeout, timeout=timeout,
+                         env=_thread_env(threads))
     return max_over_ranks(per_rank)
+
+
+def _thread_env(threads: int | None) -> dict[str, str | None]:
+    value = None if threads is None else str(threads)
+    return {"OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value}
 
 
 def _rank(rank: int, world: int, strategy: str, graph: str, ports, numel: int, reps: int,

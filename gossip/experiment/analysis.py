@@ -101,11 +101,17 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
         time=time,
         loss=_moving_average(raw, smooth),
         raw_loss=raw,
-        accuracy=np.array([np.mean([r["accuracy"] for r in row]) for row in rows]),
+        accuracy=np.array([_mean_known([r["accuracy"] for r in row]) for row in rows]),
         bytes_sent=np.array([np.mean([r["bytes_sent"] for r in row]) for row in rows]),
         avg_accuracy=avg[-1] if avg else None,
         minibatch_share=finished / planned if planned else 1.0,
     )
+
+
+def _mean_known(values) -> float:
+    """Mean of the values that are not None (a ``lost_work`` line has no accuracy)."""
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else float("nan")
 
 
 def _config(run_dir: Path) -> dict[str, Any]:

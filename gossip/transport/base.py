@@ -14,11 +14,12 @@ from gossip.errors import PeerTimeout, ProtocolError
 from gossip.transport import codec
 from gossip.transport.membership import CONTROL, Membership
 from gossip.transport.message import Message
+from gossip.transport.pending import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, PendingMessages
 
 log = logging.getLogger("gossip.transport")
 
 # Messages that arrived before anyone asked for them are kept, up to this many bytes.
-DEFAULT_MAX_PENDING_BYTES = 4 << 30
+DEFAULT_MAX_PENDING_BYTES = DEFAULT_MAX_BYTES
 BYE = "bye"  # internal: the sender is done and sends nothing more
 INTERNAL = CONTROL | {BYE}  # kinds every transport accepts and handles itself
 # by_kind entry of the bytes of rejected messages: their kind is unknown or untrusted.
@@ -43,6 +44,7 @@ class TransportStats:
     messages_sent: int = 0
     messages_recv: int = 0
     messages_rejected: int = 0
+    messages_expired: int = 0  # kept unclaimed until they fell too many rounds behind
     wait_s: float = 0.0  # time blocked waiting for a message
     rejections: deque = field(default_factory=lambda: deque(maxlen=32))
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -81,6 +83,7 @@ class TransportStats:
             "messages_sent": self.messages_sent,
             "messages_recv": self.messages_recv,
             "messages_rejected": self.messages_rejected,
+            "messages_expired": self.messages_expired,
             "wait_s": self.wait_s,
             "by_kind": {kind: dict(counts) for kind, counts in self.by_kind.items()},
         }
@@ -125,6 +128,8 @@ class Transport(ABC):
         max_message_bytes: Larger messages are rejected.
         max_pending_bytes: Messages that arrive before anyone asks for them are kept up to
             this many bytes; more are rejected.
+        max_pending_messages: ... and up to this many messages (see transport/pending.py,
+            which also drops messages of rounds long past).
         reject_nonfinite: Reject float tensors holding NaN or Inf, so a broken or hostile
             neighbour cannot poison this peer's model (see docs/ARCHITECTURE.md).
     """
@@ -142,18 +147,18 @@ class Transport(ABC):
         timeout: float = 60.0,
         max_message_bytes: int = codec.DEFAULT_MAX_MESSAGE_BYTES,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        max_pending_messages: int = DEFAULT_MAX_MESSAGES,
         reject_nonfinite: bool = True,
     ):
         self.rank = rank
         self.timeout = timeout
         self.kinds = frozenset(kinds) if kinds is not None else None
         self.max_message_bytes = max_message_bytes
-        self.max_pending_bytes = max_pending_bytes
         self.reject_nonfinite = reject_nonfinite
         self._finite_exempt: frozenset[str] = frozenset()  # kinds whose receiver checks
         self.stats = TransportStats()
-        self._pending: deque[tuple[Message, int]] = deque()
-        self._pending_bytes = 0
+        self.pending = PendingMessages(max_bytes=max_pending_bytes,
+                                       max_messages=max_pending_messages)
         self.contacts: set[int] = set()  # ranks we sent to or heard from
         self.departed: set[int] = set()  # ranks that said goodbye
         self.membership = Membership(self)  # dead peers, control messages, rejoin
@@ -198,6 +203,12 @@ class Transport(ABC):
         """Read what is known about the peers' connections; True if that declared a peer
         dead just now."""
         return False
+
+    def _never_reached(self) -> set[int]:
+        """Peers whose connection never came up in the time a dead peer is given: no
+        process listens at their address (a restarted peer uses it to fail fast when its
+        job has finished)."""
+        return set()
 
     def connect(self, ranks) -> None:
         """Open the connections to ``ranks`` now rather than at the first send, so that a
@@ -249,11 +260,10 @@ class Transport(ABC):
         """
         if round is not None and round > self.membership.round:
             self.membership.round = round
-        for i, (msg, size) in enumerate(self._pending):
-            if _matches(msg, src, kind, round):
-                del self._pending[i]
-                self._pending_bytes -= size
-                return msg
+            self._expire(round)
+        kept = self.pending.take(src, kind, round)
+        if kept is not None:
+            return kept
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         rejected_before = self.stats.messages_rejected
@@ -276,12 +286,9 @@ class Transport(ABC):
                     f"rank {self.rank}: no {kind or 'message'} from {who} for round "
                     f"{round if round is not None else 'any'} within {limit:g} s{why}"
                 )
-            msg, size = self._accept(frames)
-            if msg is None:
-                continue
-            if _matches(msg, src, kind, round):
+            msg = self._accept(frames, want=(src, kind, round))
+            if msg is not None:
                 return msg
-            self._keep(msg, size)
 
     def shutdown(self, timeout: float = 10.0, flush: float = 1.0) -> set[int]:
         """Say goodbye to every contact and wait for theirs, then close.
@@ -304,7 +311,7 @@ class Transport(ABC):
                    and time.monotonic() < deadline):
                 frames = self._recv_frames(max(deadline - time.monotonic(), 0.0))
                 if frames is not None:
-                    self._accept(frames)
+                    self._accept(frames, keep=False)
             missing = self.contacts - self.departed - set(self.membership.lost)
             if missing:
                 log.warning("rank %d: no goodbye from %s within %g s", self.rank,
@@ -314,7 +321,15 @@ class Transport(ABC):
             self.close(linger=flush)
 
     # -- internals ------------------------------------------------------------------------
-    def _accept(self, frames: list) -> tuple[Message | None, int]:
+    def _accept(self, frames: list, *, want: tuple | None = None,
+                keep: bool = True) -> Message | None:
+        """Decode, check and count one received message and handle the transport's own
+        kinds; return it if it matches ``want`` ``(src, kind, round)``, else keep it for a
+        later receive (with ``keep``) and return None.
+
+        Everything is checked before anything changes: a rejected message changes nothing
+        but the rejection counters, the bytes under ``"<rejected>"`` and the log.
+        """
         size = sum(len(codec.frame_buffer(f)) for f in frames)
         self.stats.bytes_recv += size
         try:
@@ -323,26 +338,50 @@ class Transport(ABC):
                                max_message_bytes=self.max_message_bytes, peers=self.size,
                                sender=self._sender(frames), finite=self.reject_nonfinite,
                                finite_exempt=self._finite_exempt)
+            internal = msg.kind in INTERNAL or msg.kind in self.own_kinds
+            if msg.kind in CONTROL:
+                self.membership.validate(msg)
+            elif msg.kind in self.own_kinds:
+                self._validate_internal(msg)
+            wanted = want is not None and _matches(msg, *want)
+            refusal = None if internal or wanted or not keep else self.pending.refusal(msg,
+                                                                                          size)
+            if refusal is not None:
+                raise ProtocolError(refusal)
         except ProtocolError as exc:
             self.reject(f"{exc} ({size} bytes)", nbytes=size)
-            return None, size
+            return None
         except Exception as exc:  # noqa: BLE001 - a missed check must not let bytes crash a peer
             self.reject(f"undecodable message: {type(exc).__name__}: {exc} ({size} bytes)",
                         nbytes=size)
-            return None, size
+            return None
         self.stats.received(msg.kind, size)
         self._heard(frames, msg)
         self.contacts.add(msg.src)
         if msg.kind == BYE:
             self.departed.add(msg.src)
-            return None, size
-        if msg.kind in CONTROL:
+        elif msg.kind in CONTROL:
             self.membership.control(msg)
-            return None, size
-        if msg.kind in self.own_kinds:
+        elif msg.kind in self.own_kinds:
             self._internal(msg)
-            return None, size
-        return msg, size
+        elif wanted:
+            return msg
+        elif keep:
+            self.pending.add(msg, size)
+        return None
+
+    def _validate_internal(self, msg: Message) -> None:
+        """Raise ProtocolError if a message of one of ``own_kinds`` is malformed."""
+
+    def _expire(self, round: int) -> None:
+        """Drop kept messages that fell too many rounds behind ``round``."""
+        dropped = self.pending.advance(round)
+        if dropped:
+            self.stats.messages_expired += len(dropped)
+            log.info("rank %d: dropped %d unclaimed message(s) of rounds before %d, never asked "
+                     "for (e.g. duplicates re-sent to a restarted peer): %s", self.rank,
+                     len(dropped), round - self.pending.rounds_behind,
+                     ", ".join(sorted({f"{m.kind} from peer {m.src}" for m in dropped})))
 
     def reject(self, reason: str, *, nbytes: int = 0, quiet: bool = False) -> None:
         """Log and count a dropped message (or refused connection); the peer keeps going.
@@ -354,14 +393,6 @@ class Transport(ABC):
         self.stats.rejections.append(reason)
         log.log(logging.DEBUG if quiet else logging.WARNING, "rank %d: rejected message: %s",
                 self.rank, reason)
-
-    def _keep(self, msg: Message, size: int) -> None:
-        if self._pending_bytes + size > self.max_pending_bytes:
-            self.reject(f"{msg.kind} round {msg.round} from peer {msg.src}: "
-                        f"unclaimed-message buffer full ({self._pending_bytes} bytes)")
-            return
-        self._pending.append((msg, size))
-        self._pending_bytes += size
 
     def __enter__(self):
         return self

@@ -114,7 +114,7 @@ def decode(
         raise ProtocolError(f"header is not valid msgpack: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header is not a map")
-    if header.get("v") != VERSION:
+    if not _is_int(header.get("v")) or header["v"] != VERSION:  # not True, not 1.0
         raise ProtocolError(f"unsupported protocol version {header.get('v')!r} (want {VERSION})")
     kind = header.get("kind")
     check_kind(kind)

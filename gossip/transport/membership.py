@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gossip.errors import CollectiveAborted, PeerGone, RejoinError
+from gossip.errors import CollectiveAborted, PeerGone, ProtocolError, RejoinError
 from gossip.transport.message import Message
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ REPLAY_MESSAGES = 3
 # All-peer exchanges are abandoned this many rounds past the furthest peer at a rejoin: a
 # peer may still be finishing a round when it answers.
 SKIP_MARGIN = 2
+# A rejoining peer looks this often whether any peer is running at all.
+WAKE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -137,48 +139,63 @@ class Membership:
                         f"at round {loss.round}: {loss.reason}{waiting}", rank=loss.rank)
 
     # -- control messages -------------------------------------------------------------------
-    def control(self, msg: Message) -> None:
-        """Handle a control message (called by the transport for every one it accepts)."""
-        meta, src = msg.meta, msg.src
+    def validate(self, msg: Message) -> None:
+        """Raise ProtocolError naming what is wrong with a control message's meta; called
+        before the message changes anything (counters, contacts)."""
+        meta = msg.meta
         try:
             if msg.kind == GONE:
-                rank, why = _int(meta, "rank"), str(meta.get("why", "?"))[:500]
+                rank = _int(meta, "rank")
                 if self._t.size is not None and not 0 <= rank < self._t.size:
                     raise ValueError(f"rank {rank} is not a peer")
-                if rank == self._t.rank:
-                    if src not in self.lost or not self.lost[src].firsthand:
-                        self.lost[src] = Loss(src, self.round, f"it declared this peer dead "
-                                              f"({why}) and will not talk to it again", True)
-                        log.warning("rank %d: %s dropped this peer: %s", self._t.rank,
-                                    self._t.describe(src), why)
-                elif rank not in self.lost and rank != src:
-                    self.lost[rank] = Loss(rank, self.round, f"reported by peer {src}: {why}",
-                                           False)
-                    log.info("rank %d: peer %d reports %s dead: %s", self._t.rank, src,
-                             self._t.describe(rank), why)
             elif msg.kind == JOIN:
                 _int(meta, "round")
-                self._t._restarted(src)
-                loss = self.lost.get(src)
-                if loss is not None and not loss.firsthand:  # it is back, whoever said not
-                    del self.lost[src]
-                    loss = None
-                self._send(src, WELCOME, {
-                    "round": self.round,
-                    "lost": [[r, loss.round] for r, loss in self.lost.items() if r != src],
-                    "dropped": bool(loss is not None and loss.firsthand),
-                    "restarting": self._rejoining})
             elif msg.kind == WELCOME:
                 _int(meta, "round")
-                if not isinstance(meta.get("lost"), list):
-                    raise ValueError("lost is not a list")
-                self._welcomes[src] = meta
+                lost = meta.get("lost")
+                if not isinstance(lost, list) or not all(
+                        isinstance(entry, list) and len(entry) == 2 and _is_int(entry[0])
+                        and _is_int(entry[1]) for entry in lost):
+                    raise ValueError(f"lost={lost!r} is not a list of [rank, round]")
             elif msg.kind == RESUME:
-                start, skip = _int(meta, "round"), _int(meta, "skip")
-                self.skip_through = max(self.skip_through, skip)
-                self._replay_to(src, start)
+                _int(meta, "round")
+                _int(meta, "skip")
         except (ValueError, TypeError) as exc:
-            self._t.reject(f"{msg.kind} from peer {src}: bad meta: {exc}")
+            raise ProtocolError(f"{msg.kind} from peer {msg.src}: bad meta: {exc}") from None
+
+    def control(self, msg: Message) -> None:
+        """Handle a control message that passed ``validate`` (the transport calls it for
+        every one it accepts)."""
+        meta, src = msg.meta, msg.src
+        if msg.kind == GONE:
+            rank, why = meta["rank"], str(meta.get("why", "?"))[:500]
+            if rank == self._t.rank:
+                if src not in self.lost or not self.lost[src].firsthand:
+                    self.lost[src] = Loss(src, self.round, f"it declared this peer dead "
+                                          f"({why}) and will not talk to it again", True)
+                    log.warning("rank %d: %s dropped this peer: %s", self._t.rank,
+                                self._t.describe(src), why)
+            elif rank not in self.lost and rank != src:
+                self.lost[rank] = Loss(rank, self.round, f"reported by peer {src}: {why}",
+                                       False)
+                log.info("rank %d: peer %d reports %s dead: %s", self._t.rank, src,
+                         self._t.describe(rank), why)
+        elif msg.kind == JOIN:
+            self._t._restarted(src)
+            loss = self.lost.get(src)
+            if loss is not None and not loss.firsthand:  # it is back, whoever said not
+                del self.lost[src]
+                loss = None
+            self._send(src, WELCOME, {
+                "round": self.round,
+                "lost": [[r, loss.round] for r, loss in self.lost.items() if r != src],
+                "dropped": bool(loss is not None and loss.firsthand),
+                "restarting": self._rejoining})
+        elif msg.kind == WELCOME:
+            self._welcomes[src] = meta
+        elif msg.kind == RESUME:
+            self.skip_through = max(self.skip_through, meta["skip"])
+            self._replay_to(src, meta["round"])
 
     def _broadcast(self, kind: str, meta: dict, *, include: int | None = None) -> None:
         for dst in range(self._t.size or 0):
@@ -243,11 +260,15 @@ class Membership:
             self._send(dst, JOIN, {"round": checkpoint_round})
         deadline = time.monotonic() + timeout
         while set(others) - set(self._welcomes) and time.monotonic() < deadline:
-            frames = t._recv_frames(max(deadline - time.monotonic(), 0.0))
+            frames = t._recv_frames(min(max(deadline - time.monotonic(), 0.0), WAKE_S))
             if frames is not None:
-                msg, size = t._accept(frames)
-                if msg is not None:
-                    t._keep(msg, size)
+                t._accept(frames)  # kept for the rounds to come, unless internal
+            elif others and set(others) <= t._never_reached():
+                raise RejoinError(
+                    f"rank {t.rank}: no peer is running: none of "
+                    f"{', '.join(t.describe(r) for r in others)} accepted a connection "
+                    f"after its join: the job has finished (or a whole job restarting "
+                    f"together was not started within --dead-after of this peer)")
         missing = sorted(set(others) - set(self._welcomes))
         if missing:
             raise RejoinError(f"rank {t.rank}: no answer to its join from "
@@ -284,15 +305,17 @@ class Membership:
                 self._send(dst, RESUME, {"round": start, "skip": self.skip_through})
         self.round = start
         # What the old incarnation was sent for earlier rounds is of no use any more.
-        kept = [(msg, size) for msg, size in t._pending if msg.round >= start]
-        t._pending = deque(kept)
-        t._pending_bytes = sum(size for _, size in kept)
+        t.pending.discard_before(start)
         self._welcomes.clear()
         return start
 
 
 def _int(meta: Mapping, key: str) -> int:
     value = meta.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not _is_int(value):
         raise TypeError(f"{key}={value!r} is not an int")
     return value
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

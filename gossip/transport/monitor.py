@@ -171,6 +171,7 @@ class LinkWatch:
         self.sockets: dict[int, zmq.Socket] = {}  # rank -> monitor socket of our link to it
         self._watched: dict[int, zmq.Socket] = {}
         self._ever_up: set[int] = set()
+        self._added_at: dict[int, float] = {}
         self._down_since: dict[int, float] = {}
         self._judged: set[int] = set()  # declared dead: never again
 
@@ -178,6 +179,7 @@ class LinkWatch:
         """Watch our link to ``rank``; returns its monitor socket (``read`` drains it)."""
         monitor = socket.get_monitor_socket(self.EVENTS)
         self.sockets[rank], self._watched[rank] = monitor, socket
+        self._added_at[rank] = time.monotonic()
         return monitor
 
     def read(self, rank: int) -> None:
@@ -197,6 +199,13 @@ class LinkWatch:
     def read_all(self) -> None:
         for rank in list(self.sockets):
             self.read(rank)
+
+    def never_up(self) -> set[int]:
+        """Peers whose link has not come up once in the ``dead_after`` seconds since we
+        started connecting to them: nothing listens at their address."""
+        now = time.monotonic()
+        return {rank for rank, since in self._added_at.items()
+                if rank not in self._ever_up and now - since >= self.dead_after}
 
     def judge(self, departed: set[int]) -> list[tuple[int, str]]:
         """Peers now dead, each with its reason."""

@@ -65,6 +65,23 @@ _ENTRY = struct.Struct("<HQQ")  # frame index, data offset, bytes
 MAX_ENTRIES = 64
 
 
+def validate(msg: Message) -> None:
+    """Raise ProtocolError if a handshake message's meta is malformed."""
+    meta = msg.meta
+    token = meta.get("token")
+    fields = {"token": isinstance(token, str) and len(token) == 32
+              and all(c in "0123456789abcdef" for c in token)}
+    if msg.kind == OFFER:
+        fields.update({name: isinstance(meta.get(name), int)
+                       and not isinstance(meta.get(name), bool) for name in ("pid", "fd", "size")})
+    elif msg.kind == REFUSE:
+        fields["why"] = isinstance(meta.get("why"), str)
+    bad = [name for name, ok in fields.items() if not ok]
+    if bad:
+        raise ProtocolError(f"{msg.kind} from peer {msg.src}: bad meta: "
+                            + ", ".join(f"{name}={meta.get(name)!r}" for name in bad))
+
+
 def is_envelope(frame) -> bool:
     return bytes(codec.frame_buffer(frame)[:len(MAGIC)]) == MAGIC
 
@@ -87,7 +104,7 @@ class Outbox:
             raise
         self.token = os.urandom(16)
         self._map[:16] = self.token
-        self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._bytes = np.frombuffer(self._map, dtype=np.uint8)
         self._states = np.frombuffer(self._map, dtype=np.int64)
         self._live: deque[tuple[int, int]] = deque()  # (start, end) of records, oldest first
         self._reserved = DATA_START  # bytes backed by fallocate so far
@@ -108,7 +125,9 @@ class Outbox:
             return None
         self._states[start // 8] = BUSY
         data = start + RECORD_HEADER
-        self._bytes[data:data + nbytes].copy_(frame)
+        # A plain memory copy on this thread: a torch copy this large runs on torch's
+        # intra-op pool, whose threads stall when several peers share the cores.
+        np.copyto(self._bytes[data:data + nbytes], frame.numpy())
         return data, nbytes
 
     def free(self, data_offsets) -> None:

@@ -47,6 +47,8 @@ DEAD_AFTER_S = 5.0
 # connection with messages on it.
 HEARTBEAT_S = 1.0
 HEARTBEAT_MIN_S = 5.0
+# No valid message has more frames: a shared-memory envelope, the header, MAX_TENSORS tensors.
+MAX_FRAMES = 2 + codec.MAX_TENSORS
 # While a receive waits, the connection monitors are read this often (and whenever the
 # queue runs empty after that): a dead peer is noticed at most this much later.
 WATCH_EVERY_S = 0.1
@@ -235,6 +237,9 @@ class ZmqTransport(Transport):
         self._send_frames(dst, header, [])
         self.stats.sent(kind, len(header))
 
+    def _validate_internal(self, msg: Message) -> None:
+        shm.validate(msg)
+
     def _internal(self, msg: Message) -> None:
         self._shm.handle(msg)
 
@@ -259,7 +264,7 @@ class ZmqTransport(Transport):
             now = time.monotonic()
             if now >= self._watch_due:
                 try:
-                    return pull.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    return self._read(zmq.NOBLOCK)
                 except zmq.Again:
                     pass
                 # The queue is empty: the connection watches need attention only now.
@@ -271,10 +276,40 @@ class ZmqTransport(Transport):
             wait = max(min(deadline, self._watch_due) - now, 0.0)
             pull.setsockopt(zmq.RCVTIMEO, math.ceil(wait * 1000))
             try:
-                return pull.recv_multipart(copy=False)
+                return self._read(0)
             except zmq.Again:
                 if time.monotonic() >= deadline:
                     return None
+
+    def _read(self, flags: int) -> list | None:
+        """The next multipart message; None if it had more frames than any valid message
+        (rejected, and read off the socket without ever being held: constant memory).
+        Raises zmq.Again if none is waiting (with NOBLOCK) or within the receive timeout."""
+        pull = self._pull
+        frame = pull.recv(flags, copy=False)
+        frames = [frame]
+        while frame.more:
+            if len(frames) == MAX_FRAMES:
+                return self._drop_rest(frames)
+            # The parts of a message are delivered together: the rest is already here.
+            frame = pull.recv(copy=False)
+            frames.append(frame)
+        return frames
+
+    def _drop_rest(self, frames: list) -> None:
+        """Read the rest of an oversized message into one scratch buffer, counting its
+        frames and bytes, and reject it."""
+        pull, scratch = self._pull, bytearray(64)
+        count, size = len(frames), sum(len(codec.frame_buffer(f)) for f in frames)
+        get, recv_into = pull.get, pull.recv_into
+        while get(zmq.RCVMORE):
+            size += recv_into(scratch)  # the frame's full length, whatever fits the scratch
+            count += 1
+        self.stats.bytes_recv += size
+        self.reject(f"message of {count} frames, more than the {MAX_FRAMES} of any valid "
+                    f"message (envelope, header and {codec.MAX_TENSORS} tensors), dropped "
+                    f"unread ({size} bytes)", nbytes=size)
+        return None
 
     def _watch_connections(self) -> bool:
         """Read the connection monitors; True if a peer was just declared dead."""
@@ -300,6 +335,10 @@ class ZmqTransport(Transport):
         for rank, reason in dead:
             self.membership.declare_dead(rank, reason)
         return bool(dead)
+
+    def _never_reached(self) -> set[int]:
+        self._links.read_all()
+        return self._links.never_up()
 
     def _heard(self, frames: list, msg: Message) -> None:
         if self._watch is not None:

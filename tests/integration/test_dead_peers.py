@@ -257,8 +257,11 @@ def test_malformed_control_messages_are_rejected_not_obeyed():
         t0.recv(timeout=0.1)
     assert t0.stats.messages_rejected == 3
     assert not t0.membership.lost and t0.membership.skip_through == -1
-    assert [r.split(": bad meta: ")[1] for r in t0.stats.rejections] == [
+    assert [r.split(": bad meta: ")[1].rsplit(" (", 1)[0] for r in t0.stats.rejections] == [
         "rank='2' is not an int", "rank 7 is not a peer", "skip=None is not an int"]
+    # Rejected: not counted as received, and the claimed sender is no contact of ours.
+    assert t0.stats.messages_recv == 0 and not t0.contacts
+    assert set(t0.stats.by_kind) == {"<rejected>"}
 
 
 # -- end to end: gossip launch, a peer SIGKILLed mid-run ------------------------------------------

@@ -19,10 +19,14 @@ import pytest
 import torch
 import yaml
 
-from gossip.metrics import read_jsonl
+from gossip import checkpoint
+from gossip.config import TrainConfig
+from gossip.errors import RejoinError
+from gossip.metrics import MetricsWriter, read_jsonl
 from gossip.netutil import free_ports
 from gossip.peer import Peer
 from gossip.strategies.matcha import Matcha
+from gossip.training import train
 
 ROUNDS, EVERY, VICTIM = 40, 5, 2
 
@@ -182,3 +186,76 @@ def test_a_killed_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path):
 def _logs(tmp_path: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}"
                      for p in sorted(tmp_path.glob("peer-*.log")))
+
+
+# -- a round sent but not recorded; a job that has finished --------------------------------
+
+
+class KilledWhileRecording(MetricsWriter):
+    """A metrics file whose process is killed just before it records round ``at``: that
+    round's messages are out, its line is not."""
+
+    def __init__(self, path, at: int):
+        super().__init__(path)
+        self.at = at
+
+    def write(self, record):
+        if record["round"] == self.at:
+            raise Killed
+        super().write(record)
+
+
+def test_a_round_sent_but_not_recorded_before_a_kill_gets_a_lost_work_line(tmp_path,
+                                                                            local_topology,
+                                                                            run_peers):
+    """The leaf of a line 0-1-2 dies after sending round 8, before recording it; its
+    neighbour finished round 8 and waits at round 9, so the restarted leaf rejoins at 9.
+    Round 8 must still have its line ("one line per round"), marked as lost work."""
+    line = local_topology("line", 3)
+    config = TrainConfig(rounds=12, checkpoint_every=5, eval_every=1000, batch_size=16,
+                         timeout=20, dead_after=20)
+    victim, dies_at = 2, 8
+    path = tmp_path / f"peer-{victim}.jsonl"
+    ckpt = checkpoint.path_for(tmp_path, victim)
+    neighbour_done = threading.Event()
+
+    def open_peer(rank: int) -> Peer:
+        return Peer(rank, line, "dpsgd", timeout=20, dead_after=20, keep_for_rejoin=True)
+
+    def on_round(rank: int, record: dict) -> None:
+        if rank == 1 and record["round"] == dies_at:
+            neighbour_done.set()
+
+    def main(rank: int) -> None:
+        if rank != victim:
+            with open_peer(rank) as peer:
+                train(peer, config, on_round=lambda r: on_round(rank, r))
+            return
+        with pytest.raises(Killed):
+            with open_peer(rank) as peer, KilledWhileRecording(path, dies_at) as metrics:
+                train(peer, config, metrics=metrics, checkpoint_path=ckpt)
+        assert neighbour_done.wait(20)  # it mixed our round 8 and asks for round 9
+        history = read_jsonl(path)
+        with open_peer(rank) as peer, MetricsWriter(path) as metrics:
+            train(peer, config, metrics=metrics, checkpoint_path=ckpt, resume=True,
+                  history=history)
+
+    run_peers(3, main, timeout=90)
+    records = read_jsonl(path)
+    assert [r["round"] for r in records] == list(range(12))
+    lost = records[dies_at]
+    assert lost["lost_work"] is True and lost["loss"] is None and lost["accuracy"] is None
+    assert lost["bytes_sent"] == records[dies_at - 1]["bytes_sent"]
+    assert records[dies_at + 1]["resumed_from"] == 5  # its checkpoint: rounds 5-8 redone
+    assert not any(r.get("lost_work") for r in records[:dies_at] + records[dies_at + 1:])
+
+
+def test_a_restarted_peer_whose_job_has_finished_fails_at_once(local_topology):
+    """Nobody listens at any other peer's address: waiting the whole --timeout for answers
+    to its join helps nobody."""
+    topology = local_topology("ring", 4)
+    start = time.monotonic()
+    with pytest.raises(RejoinError, match="no peer is running"):
+        with Peer(3, topology, "dpsgd", timeout=60, dead_after=1, keep_for_rejoin=True) as peer:
+            peer.rejoin(5)
+    assert time.monotonic() - start < 5

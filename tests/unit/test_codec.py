@@ -153,6 +153,8 @@ REJECTED = {
     "header is an int": ([msgpack.packb(1)], "header is not a map"),
     "no version": ([header(v=DROP), EIGHT], "unsupported protocol version None"),
     "version 2": ([header(v=2), EIGHT], "unsupported protocol version 2 (want 1)"),
+    "version true": ([header(v=True), EIGHT], "unsupported protocol version True (want 1)"),
+    "version 1.0": ([header(v=1.0), EIGHT], "unsupported protocol version 1.0 (want 1)"),
     "kind missing": ([header(kind=DROP), EIGHT], "invalid message kind None"),
     "kind uppercase": ([header(kind="Gossip"), EIGHT], "invalid message kind 'Gossip'"),
     "kind too long": ([header(kind="g" * 65), EIGHT], "invalid message kind"),

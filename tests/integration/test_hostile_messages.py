@@ -1,0 +1,90 @@
+"""Hostile input that is well-formed enough to pass the header checks, or hostile by volume:
+a stranger's control message, a message of a million frames. Real ZeroMQ peers on loopback.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import tracemalloc
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+from gossip.errors import PeerTimeout
+from gossip.netutil import free_ports
+from gossip.peer import Peer
+from gossip.topology import Topology
+from gossip.transport import ZmqTransport
+
+
+def stranger_send(endpoint: str, parts: list) -> None:
+    """Push one multipart message to ``endpoint`` as nobody of the topology, queued until
+    the peer there binds."""
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.connect(endpoint)
+        push.send_multipart(parts)
+        push.close(linger=10_000)  # delivered once the peer is up
+    finally:
+        ctx.term()
+
+
+def header(**fields) -> bytes:
+    return msgpack.packb({"v": 1, "round": 0, "meta": {}, "tensors": [], **fields})
+
+
+def test_a_rejected_control_message_changes_nothing(run_peers):
+    """A stranger's malformed ctl.gone claiming to come from peer 2 made rank 0 of a line
+    0-1-2 count peer 2 a contact: it waited for its goodbye at exit and declared it dead."""
+    line = Topology.from_dict({"peers": [{"rank": r, "host": "127.0.0.1", "port": p}
+                                         for r, p in enumerate(free_ports(3))],
+                               "edges": [[0, 1], [1, 2]]})
+    sender = threading.Thread(target=stranger_send, args=(line.address(0), [header(
+        kind="ctl.gone", src=2, meta={"rank": "x"})]))
+    sender.start()
+    time.sleep(0.2)  # queued in the stranger's socket before rank 0 starts
+    closing = [0.0] * 3
+
+    def main(rank: int):
+        peer = Peer(rank, line, "dpsgd", timeout=10, dead_after=1)
+        with peer:
+            x = torch.full((5,), float(rank))
+            for rnd in range(3):
+                peer.synchronize(x, rnd, out=x)
+            start = time.monotonic()
+        closing[rank] = time.monotonic() - start
+        return peer
+
+    peers = run_peers(3, main, timeout=30)
+    sender.join(10)
+    zero = peers[0]
+    assert zero.stats["messages_rejected"] == 1
+    assert "ctl.gone from peer 2: bad meta: rank='x'" in zero.transport.stats.rejections[0]
+    assert zero.transport.contacts == {1}  # not 2: the message was rejected
+    assert zero.lost_peers == {} and all(p.lost_peers == {} for p in peers)
+    assert closing[0] < 2.0, closing  # no wait for a goodbye that never comes
+
+
+def test_a_message_of_a_million_frames_is_dropped_unread_in_constant_memory():
+    """One message of 200,000 empty frames (400 kB on the wire) took seconds and hundreds of
+    MB to assemble before the header check refused it."""
+    (port,) = free_ports(1)
+    endpoint = f"tcp://127.0.0.1:{port}"
+    with ZmqTransport(0, [endpoint, "tcp://127.0.0.1:1"], timeout=5) as transport:
+        stranger_send(endpoint, [header(kind="gossip", src=1)] + [b""] * 200_000)
+        tracemalloc.start()
+        try:
+            with pytest.raises(PeerTimeout):
+                transport.recv(timeout=3)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert transport.stats.messages_rejected == 1
+        assert "message of 200001 frames, more than the 66" in transport.stats.rejections[0]
+        assert transport.stats.by_kind["<rejected>"]["bytes_recv"] == len(header(
+            kind="gossip", src=1))
+    assert peak < 2 << 20, peak  # assembled: ~200 bytes of Python objects per frame
