@@ -9,7 +9,8 @@
 where the part beyond ``measured`` is slept, so emulated slowness costs no CPU (many peers
 share few cores). ``X`` for the k-th mini-batch a rank computes is a pure function of
 ``(seed, rank, k)``: a blocking and a non-blocking run with the same seed meet the same
-stragglers on the same data. ``DelayedTransport`` sleeps ``send_delay`` before each send.
+stragglers on the same data. ``send_delay`` is slept before each message of the algorithm a
+peer sends (``Peer(send_delay=...)``, see ``Transport.delay_sends``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,24 +171,3 @@ class DelayModel:
         """Seconds to sleep after the ``index``-th mini-batch, whose compute took ``measured``."""
         return ((self.factor - 1.0) * measured + self.factor * self.compute
                 + self.straggler(index))
-
-
-class DelayedTransport:
-    """A transport whose ``send`` first sleeps ``delay`` seconds; everything else delegates.
-
-    Kinds starting with one of ``exempt`` are sent at once (measurement traffic that is not
-    part of the algorithm, such as the consensus probe).
-    """
-
-    def __init__(self, inner, delay: float, *, exempt: tuple[str, ...] = ()):
-        self._inner = inner
-        self.delay = delay
-        self.exempt = exempt
-
-    def send(self, dst: int, msg, **kwargs):
-        if self.delay > 0 and not msg.kind.startswith(self.exempt or ("\0",)):
-            time.sleep(self.delay)
-        return self._inner.send(dst, msg, **kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)

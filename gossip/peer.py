@@ -40,6 +40,8 @@ class Peer:
             seconds (docs/ARCHITECTURE.md, Dead peers).
         keep_for_rejoin: Keep copies of the last messages sent to each peer, so that a
             neighbour restarted from a checkpoint can rejoin (``rejoin``).
+        send_delay: Fault injection: sleep this many seconds before each message of the
+            strategy this peer sends (an emulated slow sender).
         comm_threads: torch intra-op threads of a round's communication and math (default:
             this machine's cores divided by the topology's peers on it, at least 1; see
             gossip/threads.py for why more threads than cores stall every peer).
@@ -53,8 +55,8 @@ class Peer:
     def __init__(self, rank: int, topology, strategy: str = "dpsgd", *, timeout: float = 60.0,
                  transport: Transport | None = None, local_ipc: bool = True,
                  key_file: str | Path | None = None, dead_after: float = DEAD_AFTER_S,
-                 keep_for_rejoin: bool = False, comm_threads: int | None = None,
-                 **options: Any):
+                 keep_for_rejoin: bool = False, send_delay: float = 0.0,
+                 comm_threads: int | None = None, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
         check_options(strategy, options)  # also rejects an unknown strategy name
@@ -62,6 +64,8 @@ class Peer:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         if dead_after <= 0:
             raise ConfigError(f"dead_after must be positive, got {dead_after}")
+        if not send_delay >= 0:
+            raise ConfigError(f"send_delay must be >= 0 seconds, got {send_delay!r}")
         if comm_threads is not None and (not isinstance(comm_threads, int) or comm_threads < 1):
             raise ConfigError(f"comm_threads must be a positive integer, got {comm_threads!r}")
         self.rank = rank
@@ -73,6 +77,7 @@ class Peer:
         self.local_ipc = local_ipc
         self.dead_after = dead_after
         self.keep_for_rejoin = keep_for_rejoin
+        self.send_delay = send_delay
         self.comm_threads = comm_threads or communication_threads(
             peers_on_this_machine(topology, rank))
         # Read now, so a bad key fails before anything binds.
@@ -90,6 +95,8 @@ class Peer:
             self.transport.membership.keep_for_rejoin()
         try:
             self.strategy = self.add_strategy(self.strategy_name, **self.options)
+            if self.send_delay:
+                self.transport.delay_sends(self.send_delay, self.strategy.kinds)
         except BaseException:
             self.transport.close()
             raise
@@ -135,6 +142,22 @@ class Peer:
         return self.round
 
     @property
+    def clock(self):
+        """The transport's clock: every time read and sleep of this peer's training."""
+        return self.transport.clock
+
+    def note_lost(self, rank: int, round: int, reason: str) -> None:
+        """Count ``rank`` as lost since ``round`` on known grounds (e.g. a checkpoint's
+        record of the peers lost before a restart)."""
+        self.transport.membership.note_lost(rank, round, reason)
+
+    def all_peers_can_meet(self, round: int) -> bool:
+        """Whether an exchange among all peers (an all-reduce) can run in ``round``: no peer
+        is known lost, and no rejoin abandoned that round."""
+        membership = self.transport.membership
+        return not membership.lost and round > membership.skip_through
+
+    @property
     def lost_peers(self) -> dict[int, int]:
         """Peers lost so far (dead, or dropped this one), each with the round it was
         noticed in."""
@@ -155,29 +178,43 @@ class Peer:
         """
         if self.strategy is None:
             raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
-        x = tensor.detach()
         with self.communicating():
-            if x.device.type != "cpu":  # staged through host memory
-                result = self.strategy.synchronize(x.cpu().contiguous(), round)
-                return result.to(x.device) if out is None else out.copy_(result)
-            return self.strategy.synchronize(x.contiguous(), round, out=out)
+            return self._on_host(tensor.detach(), lambda x, out: self.strategy.synchronize(
+                x, round, out=out), out=out)
+
+    @staticmethod
+    def _on_host(x: torch.Tensor, run, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``run(x, out)`` on a contiguous CPU ``x``; a device tensor is staged through host
+        memory and the result comes back on its device."""
+        if x.device.type != "cpu":
+            result = run(x.cpu().contiguous(), None)
+            return result.to(x.device) if out is None else out.copy_(result)
+        return run(x.contiguous(), out)
 
     def communicating(self):
         """Context for work on the communication path outside ``synchronize`` (another
         strategy of this peer): torch runs it on ``comm_threads`` threads."""
         return intra_op_threads(self.comm_threads)
 
-    def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+             minibatches: int = 1) -> None:
         """One synchronized optimizer step.
 
         Gradient strategies average the gradients before ``optimizer.step()``; gossip
         strategies step locally, then mix the parameters with the neighbours.
+
+        Args:
+            minibatches: ``.grad`` holds the sum of this many mini-batches' gradients (their
+                mean is the step direction). 0: this peer finished none this round (a
+                non-blocking strategy stopped it); it still takes part in the exchange.
         """
         params = [p for p in model.parameters() if p.requires_grad]
         if self.strategy.operates_on == "grads":
             with self.communicating():  # flattening and copying back are ours too
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                averaged = self.synchronize(parameters_to_vector(grads), self.round)
+                total = parameters_to_vector(grads)
+                averaged = self._on_host(total, lambda x, out: self.strategy.average_gradients(
+                    x, minibatches, self.round, out=out))
                 for p, g in zip(params, _split_like(averaged, params)):
                     if p.grad is None:
                         p.grad = g.clone()
@@ -185,11 +222,27 @@ class Peer:
                         p.grad.copy_(g)
             optimizer.step()
         else:
-            optimizer.step()
+            if minibatches:  # a peer that finished nothing keeps its parameters as they are
+                if minibatches != 1:
+                    with torch.no_grad():
+                        for p in params:
+                            if p.grad is not None:
+                                p.grad.mul_(1.0 / minibatches)
+                optimizer.step()
             with torch.no_grad(), self.communicating():
                 mixed = self.synchronize(parameters_to_vector(params), self.round)
                 vector_to_parameters(mixed, params)
         self.round += 1
+
+    def stop_requested(self, round: int) -> bool:
+        """Whether to stop computing mini-batches of ``round`` now (``Strategy``)."""
+        with self.communicating():  # it may read (and check) whatever messages wait
+            return self.strategy.stop_requested(round)
+
+    def computed_all(self, round: int) -> None:
+        """Tell the strategy this peer computed every mini-batch of ``round``."""
+        with self.communicating():
+            self.strategy.computed_all(round)
 
 
 def _split_like(flat: torch.Tensor, params) -> list[torch.Tensor]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from gossip.errors import CheckpointError, CollectiveAborted, PeerGone
 from gossip.faults import DelayModel
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
-from gossip.strategies.nonblocking import NonBlocking
+from gossip.strategies import EXACT_MEAN
 from gossip.tasks import BatchStream, create_task, evaluate, partition
 
 PROBE_TAG = "probe"  # ring all-reduce used only to measure consensus; its bytes are not counted
@@ -84,8 +83,8 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
                           seed=config.seed * 1000 + peer.rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     delays = config.delays.for_rank(peer.rank, seed=config.seed)
-    nonblocking = peer.strategy if isinstance(peer.strategy, NonBlocking) else None
-    probe = peer.add_strategy("ring-allreduce", tag=PROBE_TAG)
+    probe = peer.add_strategy(EXACT_MEAN, tag=PROBE_TAG)
+    clock = peer.clock
     computed = 0  # mini-batches computed so far: indexes this rank's straggler draws
     first_round, resumed_from = 0, None
     counted = (0, 0)  # bytes sent and received before this process started (a resume)
@@ -100,56 +99,48 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
         log.warning("rank %d: resumed from the checkpoint of round %d, rejoined at round %d",
                     peer.rank, resumed_from, first_round)
         earlier = ([] if history is None else
-                   _records_before(first_round, history, peer.lost_peers, counted))
+                   _records_before(first_round, history, peer.lost_peers, counted,
+                                   clock.time()))
         last = earlier[-1] if earlier else {}
         if "bytes_sent" in last and "bytes_recv" in last:  # what the killed process counted
             counted = (last["bytes_sent"], last["bytes_recv"])
         if metrics is not None:
             for old in earlier:
                 metrics.write(old)
-    start = time.perf_counter()
+    start = clock.monotonic()
     record: dict[str, Any] = {}
     for rnd in range(first_round, config.rounds):
         before = peer.stats
-        t0 = time.perf_counter()
+        t0 = clock.monotonic()
         model.train()
         optimizer.zero_grad(set_to_none=False)
         done, loss_sum, slept = 0, 0.0, 0.0
         for _ in range(config.minibatches):
             # Checked only between mini-batches: a backward pass cannot be interrupted.
-            if nonblocking is not None and _stop_requested(peer, nonblocking, rnd):
+            if peer.stop_requested(rnd):
                 break
             x, y = batches.next()
-            c0 = time.perf_counter()
+            c0 = clock.monotonic()
             loss = task.loss_fn(model(x), y)
             loss.backward()
-            slept += _inject(delays, computed, time.perf_counter() - c0)
+            slept += _inject(clock, delays, computed, clock.monotonic() - c0)
             computed += 1
             done += 1
             loss_sum += loss.item()
             if on_minibatch is not None:
                 on_minibatch(rnd, done)
-        if (nonblocking is not None and done == config.minibatches
-                and not _stop_requested(peer, nonblocking, rnd)):
-            with peer.communicating():
-                nonblocking.request_stop(rnd)  # first to finish: everyone combines now
-        t1 = time.perf_counter()
-        if nonblocking is not None:
-            with peer.communicating():
-                _nonblocking_step(nonblocking, model, optimizer, rnd, done)
-            peer.round += 1
-        else:
-            if config.minibatches > 1:  # accumulated sum of means -> mean over the batch
-                _scale_grads(model, 1.0 / config.minibatches)
-            peer.step(model, optimizer)
-        t2 = time.perf_counter()
+        if done == config.minibatches:
+            peer.computed_all(rnd)
+        t1 = clock.monotonic()
+        peer.step(model, optimizer, minibatches=done)  # .grad holds the sum of `done`
+        t2 = clock.monotonic()
         after = peer.stats
         sent, received = (new + old for new, old in zip(_algorithm_bytes(after), counted))
         _, accuracy = evaluate(model, task.test, task.loss_fn)
         record = {
             "round": rnd,
-            "time": time.perf_counter() - start,
-            "wall": time.time(),
+            "time": clock.monotonic() - start,
+            "wall": clock.time(),
             "loss": loss_sum / done if done else math.nan,
             "accuracy": accuracy,
             "bytes_sent": sent,
@@ -184,8 +175,8 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
     return record
 
 
-def _records_before(first_round: int, history, lost_peers,
-                    counted: tuple[int, int]) -> list[dict[str, Any]]:
+def _records_before(first_round: int, history, lost_peers, counted: tuple[int, int],
+                    wall_now: float) -> list[dict[str, Any]]:
     """One record per round before ``first_round``: the killed process's own, or a
     ``lost_work`` line where it had none. Such a round did happen for the neighbours (they
     mixed this peer's message of it) but its work died with the process: loss, accuracy and
@@ -200,7 +191,7 @@ def _records_before(first_round: int, history, lost_peers,
             continue
         before = out[-1] if out else {}
         out.append({"round": rnd, "time": before.get("time", 0.0),
-                    "wall": before.get("wall", time.time()),
+                    "wall": before.get("wall", wall_now),
                     "loss": None, "accuracy": None,
                     "bytes_sent": before.get("bytes_sent", counted[0]),
                     "bytes_recv": before.get("bytes_recv", counted[1]), "compute_s": None,
@@ -225,8 +216,7 @@ def _restore(path, peer: Peer, config: TrainConfig, model: torch.nn.Module,
         raise CheckpointError(f"checkpoint {path} does not fit this run: "
                               f"{type(exc).__name__}: {first}") from None
     for rank, round in dict(state["lost_peers"]).items():
-        peer.transport.membership.note_lost(int(rank), int(round),
-                                            "lost before this peer's restart (checkpoint)")
+        peer.note_lost(int(rank), int(round), "lost before this peer's restart (checkpoint)")
     sent, received = state.get("bytes", (0, 0))  # absent from checkpoints of before
     return int(state["round"]), int(state["batches_drawn"]), (int(sent), int(received))
 
@@ -234,8 +224,7 @@ def _restore(path, peer: Peer, config: TrainConfig, model: torch.nn.Module,
 def _probe(model, probe, rnd: int, task, peer: Peer) -> tuple[float | None, float | None]:
     """The consensus probe, or (None, None) when it cannot run: it is an all-reduce over
     every peer, so a lost peer (or a rejoin under way) ends it, and training goes on."""
-    membership = peer.transport.membership
-    if membership.lost or rnd <= membership.skip_through:
+    if not peer.all_peers_can_meet(rnd):
         return None, None
     try:
         return _consensus(model, probe, rnd, task, peer)
@@ -254,54 +243,12 @@ def _algorithm_bytes(stats: dict[str, Any]) -> tuple[int, int]:
             stats["bytes_recv"] - sum(c["bytes_recv"] for c in probe))
 
 
-def _inject(delays: DelayModel, index: int, measured: float) -> float:
+def _inject(clock, delays: DelayModel, index: int, measured: float) -> float:
     """Sleep the injected delay of mini-batch ``index`` (sleeping costs no CPU, so many
     emulated slow peers can share few cores); returns the seconds asked for."""
     delay = delays.minibatch_delay(index, measured)
-    if delay > 0:
-        time.sleep(delay)
+    clock.sleep(delay)
     return delay
-
-
-def _stop_requested(peer: Peer, strategy: NonBlocking, rnd: int) -> bool:
-    with peer.communicating():  # it reads (and checks) whatever messages wait
-        return strategy.stop_requested(rnd)
-
-
-def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-@torch.no_grad()
-def _scale_grads(model: torch.nn.Module, factor: float) -> None:
-    for p in _trainable(model):
-        if p.grad is not None:
-            p.grad.mul_(factor)
-
-
-@torch.no_grad()
-def _nonblocking_step(strategy: NonBlocking, model: torch.nn.Module,
-                      optimizer: torch.optim.Optimizer, rnd: int, done: int) -> None:
-    """One non-blocking step from the gradients of the ``done`` finished mini-batches
-    (their sum is in ``.grad``), weighted by samples; see gossip.strategies.nonblocking."""
-    params = _trainable(model)
-    for p in params:
-        if p.grad is None:  # never reached by backward (or no mini-batch finished yet)
-            p.grad = torch.zeros_like(p)
-    if strategy.operates_on == "grads":
-        direction = strategy.synchronize(parameters_to_vector([p.grad for p in params]), rnd,
-                                         count=done)
-        offset = 0
-        for p in params:
-            p.grad.copy_(direction[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        optimizer.step()  # the same direction on every peer, even one that finished none
-        return
-    if done:  # a peer that finished nothing keeps its parameters (and momentum) as they are
-        _scale_grads(model, strategy.local_scale(done))
-        optimizer.step()
-    mixed = strategy.synchronize(parameters_to_vector(params), rnd)
-    vector_to_parameters(mixed, params)
 
 
 @torch.no_grad()

@@ -146,7 +146,7 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
         if metrics_path.exists():  # rewritten up to the round this peer rejoins at
             history = read_jsonl(metrics_path)
     with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
-              transport=_send_delayed(rank, topology, config, key_file),
+              send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
               **config.options) as node, MetricsWriter(metrics_path) as metrics, \
             tqdm(total=config.rounds, desc=f"peer {rank}", disable=quiet, unit="round") as bar:
@@ -159,23 +159,6 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
     click.echo(f"peer {rank}: loss {last['loss']:.4f} accuracy {last['accuracy']:.4f} "
                f"bytes_sent {last['bytes_sent']} bytes_recv {last['bytes_recv']} "
                f"time {last['time']:.1f}s metrics {metrics_path}{lost}{resumed}")
-
-
-def _send_delayed(rank: int, topology, config, key_file=None):
-    """An open transport that sleeps before each send if the config delays this rank's
-    sends, else None (the Peer opens a plain one)."""
-    delay = config.delays.for_rank(rank, seed=config.seed).send_delay
-    if not delay:
-        return None
-    from gossip.faults import DelayedTransport
-    from gossip.training import PROBE_TAG
-    from gossip.transport import ZmqTransport
-
-    inner = ZmqTransport.for_topology(rank, topology, key_file=key_file,
-                                      timeout=config.timeout,
-                                      dead_after=config.dead_after).open()
-    # The consensus probe measures the run; it is not part of the algorithm being delayed.
-    return DelayedTransport(inner, delay, exempt=(f"{PROBE_TAG}.",))
 
 
 def _resolve_rank(rank: int | None) -> int:

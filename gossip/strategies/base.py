@@ -60,6 +60,27 @@ class Strategy(ABC):
         strategies (``params``) carry on with the neighbours they have left."""
         return self.operates_on == "grads"
 
+    # -- a training round, as the training loop runs it (defaults: blocking SGD) ----------
+    def stop_requested(self, round: int) -> bool:
+        """Whether this peer should stop computing mini-batches of ``round`` now (asked
+        between mini-batches; never blocks). Blocking strategies compute them all."""
+        return False
+
+    def computed_all(self, round: int) -> None:
+        """This peer computed every mini-batch of ``round``."""
+
+    def average_gradients(self, total: torch.Tensor, count: int, round: int, *,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+        """Gradient strategies: the step direction from ``total``, the sum of this peer's
+        gradients of ``count`` mini-batches (``total`` may be overwritten). By default the
+        synchronized ``total / count``."""
+        if count < 1:
+            raise ConfigError(f"{type(self).__name__} averages the gradients of at least one "
+                              f"mini-batch, got {count}")
+        if count != 1:
+            total.mul_(1.0 / count)
+        return self.synchronize(total, round, out=out)
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must keep of this strategy (residuals, public copies, ...)."""
         return {}

@@ -103,6 +103,11 @@ class NonBlocking(Strategy):
         self._drained_at = int(state.get("drained_at", -1))
 
     # -- the STOP signal ------------------------------------------------------------------
+    def computed_all(self, round: int) -> None:
+        """The first peer to finish all its mini-batches tells everyone to combine now."""
+        if not self.stop_requested(round):
+            self.request_stop(round)
+
     def stop_requested(self, round: int) -> bool:
         """Whether some peer has finished all its mini-batches of ``round``; never blocks."""
         self._drain(round)
@@ -146,33 +151,29 @@ class NonBlocking(Strategy):
                     break
 
     # -- combining ------------------------------------------------------------------------
-    def synchronize(self, x: torch.Tensor, round: int, *, out: torch.Tensor | None = None,
-                    count: float = 1.0) -> torch.Tensor:
-        """Combine this peer's finished work of ``round``.
-
-        Gradient inner: ``x`` is the sum of the ``count`` finished mini-batch gradients;
-        returns the sum over peers divided by the total count (the same on every peer;
-        zeros if no peer finished anything). With the default ``count = 1`` on every peer
-        this is the plain mean. Gossip inner: ``x`` are the parameters after the local step
-        (see ``local_scale``); returns the inner strategy's mix (``count`` is not needed).
-        """
+    def synchronize(self, x: torch.Tensor, round: int, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """The inner strategy's round: gossip inner, ``x`` are the parameters after the
+        local step along this peer's finished mini-batches; gradient inner, the mean of the
+        peers' ``x`` (``average_gradients`` weights it by mini-batches instead)."""
         if self.operates_on == "params":
             return self.inner.synchronize(x, round, out=out)
-        flat = x.reshape(-1)
+        return self.average_gradients(x, 1, round, out=out)
+
+    def average_gradients(self, total: torch.Tensor, count: int, round: int, *,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+        """Gradient inner: ``total`` is the sum of this peer's ``count`` finished
+        mini-batch gradients (0 of them too); returns the sum over peers divided by the total
+        count, the same on every peer (zeros if no peer finished anything)."""
+        flat = total.reshape(-1)
         extended = torch.empty(flat.numel() + 1, dtype=flat.dtype)
         extended[:-1].copy_(flat)
         extended[-1] = count
         mean = self.inner.synchronize(extended, round, out=extended)
-        total = mean[-1].item()
-        dest = self._output(x, out)
-        if total > 0:
-            torch.div(mean[:-1], total, out=dest)
+        finished = mean[-1].item()  # mini-batches finished anywhere, over P
+        dest = self._output(total, out)
+        if finished > 0:
+            torch.div(mean[:-1], finished, out=dest)
         else:
             dest.zero_()
-        return dest.view_as(x)
-
-    @staticmethod
-    def local_scale(count: int) -> float:
-        """Gossip inner: factor turning the summed gradients of ``count`` finished
-        mini-batches into this peer's step direction (their mean; 0 when none)."""
-        return 1.0 / count if count > 0 else 0.0
+        return dest.view_as(total)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gossip.clock import REAL_TIME, Clock
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.transport import codec
 from gossip.transport.membership import CONTROL, Membership
@@ -105,13 +105,13 @@ class Delivery:
         message is then never read; the tensors may be modified all the same)."""
         t = self._transport
         limit = t.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        deadline = t.clock.monotonic() + limit
         for tracker in self._trackers:
-            while not tracker.wait(min(self.LIVENESS_POLL_S, max(deadline - time.monotonic(),
-                                                                 0.0))):
+            while not tracker.wait(min(self.LIVENESS_POLL_S,
+                                       max(deadline - t.clock.monotonic(), 0.0))):
                 t._poll_liveness()
                 t.membership.check_delivery(self._dst, self._kind)
-                if time.monotonic() >= deadline:
+                if t.clock.monotonic() >= deadline:
                     raise PeerTimeout(f"rank {t.rank}: message to {t.describe(self._dst)} "
                                       f"not sent within {limit:g} s")
 
@@ -132,6 +132,8 @@ class Transport(ABC):
             which also drops messages of rounds long past).
         reject_nonfinite: Reject float tensors holding NaN or Inf, so a broken or hostile
             neighbour cannot poison this peer's model (see docs/ARCHITECTURE.md).
+        clock: Every time read and wait of this transport and of the code above it that
+            asks it (membership, fault injection, training); real time by default.
     """
 
     #: Number of ranks, if known: messages claiming another ``src`` are rejected.
@@ -149,8 +151,10 @@ class Transport(ABC):
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         max_pending_messages: int = DEFAULT_MAX_MESSAGES,
         reject_nonfinite: bool = True,
+        clock: Clock | None = None,
     ):
         self.rank = rank
+        self.clock = clock or REAL_TIME
         self.timeout = timeout
         self.kinds = frozenset(kinds) if kinds is not None else None
         self.max_message_bytes = max_message_bytes
@@ -159,6 +163,7 @@ class Transport(ABC):
         self.stats = TransportStats()
         self.pending = PendingMessages(max_bytes=max_pending_bytes,
                                        max_messages=max_pending_messages)
+        self._send_delay: tuple[float, frozenset[str]] = (0.0, frozenset())
         self.contacts: set[int] = set()  # ranks we sent to or heard from
         self.departed: set[int] = set()  # ranks that said goodbye
         self.membership = Membership(self)  # dead peers, control messages, rejoin
@@ -226,6 +231,12 @@ class Transport(ABC):
         if receiver_checks_finite:
             self._finite_exempt |= frozenset(kinds)
 
+    def delay_sends(self, seconds: float, kinds) -> None:
+        """Fault injection: sleep ``seconds`` (on this transport's clock) before sending any
+        message of ``kinds`` (a slow sender; other kinds, e.g. control messages and the
+        consensus probe, go at once)."""
+        self._send_delay = (seconds, frozenset(kinds))
+
     def send(self, dst: int, msg: Message, *, track: bool = False) -> Delivery:
         """Queue ``msg`` for ``dst`` and return at once; the message may still be in flight.
 
@@ -235,6 +246,9 @@ class Transport(ABC):
         tracked goes out as the frame it arrived in, by reference: the cheapest send there is,
         and the same rule holds, since that frame's memory is the buffer's.
         """
+        delay, delayed = self._send_delay
+        if delay and msg.kind in delayed:
+            self.clock.sleep(delay)
         header, frames = codec.encode(msg, self.rank)
         trackers = self._send_frames(dst, header, frames, track,
                                      codec.received_frames(msg, frames))
@@ -264,16 +278,16 @@ class Transport(ABC):
         kept = self.pending.take(src, kind, round)
         if kept is not None:
             return kept
+        clock = self.clock
         limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        deadline = clock.monotonic() + limit
         rejected_before = self.stats.messages_rejected
         while True:
             self.membership.check(src, kind, round)
-            remaining = deadline - time.monotonic()
-            start = time.perf_counter()
-            frames = self._recv_frames(max(remaining, 0.0))
-            self.stats.wait_s += time.perf_counter() - start
-            if frames is None and deadline > time.monotonic():
+            start = clock.monotonic()
+            frames = self._recv_frames(max(deadline - start, 0.0))
+            self.stats.wait_s += clock.monotonic() - start
+            if frames is None and deadline > clock.monotonic():
                 continue  # woken early: a peer was declared dead
             if frames is None:
                 who = self.describe(src) if src is not None else "any peer"
@@ -305,11 +319,11 @@ class Transport(ABC):
                     self.send(dst, Message(kind=BYE, round=-1))
                 except PeerTimeout:
                     pass
-            deadline = time.monotonic() + timeout
+            deadline = self.clock.monotonic() + timeout
             # Lost peers (even only reported ones) are not waited for: they say nothing more.
             while (self.contacts - self.departed - set(self.membership.lost)
-                   and time.monotonic() < deadline):
-                frames = self._recv_frames(max(deadline - time.monotonic(), 0.0))
+                   and self.clock.monotonic() < deadline):
+                frames = self._recv_frames(max(deadline - self.clock.monotonic(), 0.0))
                 if frames is not None:
                     self._accept(frames, keep=False)
             missing = self.contacts - self.departed - set(self.membership.lost)

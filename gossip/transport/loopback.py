@@ -39,9 +39,13 @@ class LoopbackTransport(Transport):
         return []
 
     def _recv_frames(self, timeout: float) -> list | None:
+        inbox = self.hub.queues[self.rank]
         try:
-            return self.hub.queues[self.rank].get(timeout=timeout)
+            if not self.clock.virtual:
+                return inbox.get(timeout=timeout)
+            return inbox.get_nowait()
         except queue.Empty:
+            self.clock.sleep(timeout if self.clock.virtual else 0.0)  # waited in virtual time
             return None
 
     def close(self, linger: float = 0.0) -> None:

@@ -25,7 +25,6 @@ third peer can stop an all-reduce, which could not have finished anyway, and not
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -258,9 +257,10 @@ class Membership:
         others = [r for r in range(t.size or 0) if r != t.rank and r not in self.lost]
         for dst in others:
             self._send(dst, JOIN, {"round": checkpoint_round})
-        deadline = time.monotonic() + timeout
-        while set(others) - set(self._welcomes) and time.monotonic() < deadline:
-            frames = t._recv_frames(min(max(deadline - time.monotonic(), 0.0), WAKE_S))
+        clock = t.clock
+        deadline = clock.monotonic() + timeout
+        while set(others) - set(self._welcomes) and clock.monotonic() < deadline:
+            frames = t._recv_frames(min(max(deadline - clock.monotonic(), 0.0), WAKE_S))
             if frames is not None:
                 t._accept(frames)  # kept for the rounds to come, unless internal
             elif others and set(others) <= t._never_reached():

@@ -24,7 +24,6 @@ disconnect is judged only once the socket's queue is empty and ``GRACE_S`` has p
 
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
 from collections.abc import Callable
 
@@ -58,10 +57,13 @@ class ConnectionWatch:
         max_frame_bytes: The socket's ZMQ_MAXMSGSIZE, named in reasons.
         curve: Whether the socket is a CURVE server (for the wording of reasons).
         denials: ``(address, key)`` of clients the ZAP handler refused, oldest first.
+        now: The transport's clock (seconds, monotonic).
     """
 
     def __init__(self, socket: zmq.Socket, reject: Callable[..., None], *,
-                 max_frame_bytes: int, curve: bool = False, denials: deque | None = None):
+                 max_frame_bytes: int, curve: bool = False, denials: deque | None = None,
+                 now: Callable[[], float]):
+        self._now = now
         self.socket = socket.get_monitor_socket(EVENTS)
         self._watched = socket
         self._reject = reject
@@ -94,7 +96,7 @@ class ConnectionWatch:
                 if self._handshake_failed:
                     self._handshake_failed -= 1
                 else:
-                    self._closed.append((time.monotonic(), value, endpoint))
+                    self._closed.append((self._now(), value, endpoint))
                 continue
             self._handshake_failed += 1
             if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
@@ -113,7 +115,7 @@ class ConnectionWatch:
                              f"with other security settings, e.g. plaintext, or a port probe)")
 
     def _refuse(self, reason: str) -> None:
-        now = time.monotonic()
+        now = self._now()
         quiet = now - self._logged.get(reason, -REPEAT_QUIET_S) < REPEAT_QUIET_S
         if not quiet:
             if len(self._logged) > 1000:  # clients with ever new keys must not grow it forever
@@ -124,7 +126,7 @@ class ConnectionWatch:
     def judge(self) -> None:
         """Count the disconnects without a goodbye that are due; call only when the watched
         socket's queue is empty (the transport looks again every WATCH_EVERY_S)."""
-        now = time.monotonic()
+        now = self._now()
         while self._closed:
             when, fd, endpoint = self._closed[0]
             if now - when < GRACE_S:
@@ -166,8 +168,9 @@ class LinkWatch:
 
     EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
-    def __init__(self, dead_after: float):
+    def __init__(self, dead_after: float, *, now: Callable[[], float]):
         self.dead_after = dead_after
+        self._now = now
         self.sockets: dict[int, zmq.Socket] = {}  # rank -> monitor socket of our link to it
         self._watched: dict[int, zmq.Socket] = {}
         self._ever_up: set[int] = set()
@@ -179,7 +182,7 @@ class LinkWatch:
         """Watch our link to ``rank``; returns its monitor socket (``read`` drains it)."""
         monitor = socket.get_monitor_socket(self.EVENTS)
         self.sockets[rank], self._watched[rank] = monitor, socket
-        self._added_at[rank] = time.monotonic()
+        self._added_at[rank] = self._now()
         return monitor
 
     def read(self, rank: int) -> None:
@@ -194,7 +197,7 @@ class LinkWatch:
                 self._ever_up.add(rank)
                 self._down_since.pop(rank, None)
             elif rank in self._ever_up:  # DISCONNECTED; reconnects retried by libzmq
-                self._down_since.setdefault(rank, time.monotonic())
+                self._down_since.setdefault(rank, self._now())
 
     def read_all(self) -> None:
         for rank in list(self.sockets):
@@ -203,13 +206,13 @@ class LinkWatch:
     def never_up(self) -> set[int]:
         """Peers whose link has not come up once in the ``dead_after`` seconds since we
         started connecting to them: nothing listens at their address."""
-        now = time.monotonic()
+        now = self._now()
         return {rank for rank, since in self._added_at.items()
                 if rank not in self._ever_up and now - since >= self.dead_after}
 
     def judge(self, departed: set[int]) -> list[tuple[int, str]]:
         """Peers now dead, each with its reason."""
-        now, dead = time.monotonic(), []
+        now, dead = self._now(), []
         for rank, since in list(self._down_since.items()):
             if rank in departed:  # it said goodbye: closing was the plan
                 del self._down_since[rank]

@@ -13,7 +13,6 @@ import ipaddress
 import math
 import os
 import tempfile
-import time
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -96,7 +95,7 @@ class ZmqTransport(Transport):
         self._watch_due = 0.0  # when the connection watches are next read
         self._zap: ZapHandler | None = None
         self._watch: ConnectionWatch | None = None
-        self._links = LinkWatch(dead_after)
+        self._links = LinkWatch(dead_after, now=self.clock.monotonic)
         self.shared_memory = (shared_memory and local_ipc and keys is None
                               and os.environ.get("GOSSIP_SHARED_MEMORY", "1") != "0")
         self._shm = shm.SharedMemory(rank, self._send_own, self.describe, self.shared_memory,
@@ -135,7 +134,8 @@ class ZmqTransport(Transport):
                             self.rank)
         self._watch = ConnectionWatch(self._pull, self.reject, max_frame_bytes=max_frame,
                                       curve=self.keys is not None,
-                                      denials=self._zap.denials if self._zap else None)
+                                      denials=self._zap.denials if self._zap else None,
+                                      now=self.clock.monotonic)
         endpoint = self.endpoints[self.rank]
         twin = local_ipc(endpoint)
         try:
@@ -259,9 +259,10 @@ class ZmqTransport(Transport):
         pull = self._pull
         if pull is None:
             raise TransportError(f"rank {self.rank}: transport is not open")
-        deadline = time.monotonic() + timeout
+        clock = self.clock
+        deadline = clock.monotonic() + timeout
         while True:
-            now = time.monotonic()
+            now = clock.monotonic()
             if now >= self._watch_due:
                 try:
                     return self._read(zmq.NOBLOCK)
@@ -278,7 +279,7 @@ class ZmqTransport(Transport):
             try:
                 return self._read(0)
             except zmq.Again:
-                if time.monotonic() >= deadline:
+                if clock.monotonic() >= deadline:
                     return None
 
     def _read(self, flags: int) -> list | None:

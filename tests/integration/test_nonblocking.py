@@ -96,8 +96,8 @@ def test_allreduce_weights_by_finished_samples(local_topology, open_peer, run_pe
 
     def main(rank):
         with open_peer(rank, topology, "nonblocking", inner="ring-allreduce") as peer:
-            return torch.stack([peer.strategy.synchronize(data[rnd, rank].clone(), rnd,
-                                                          count=counts[rnd][rank])
+            return torch.stack([peer.strategy.average_gradients(data[rnd, rank].clone(),
+                                                                counts[rnd][rank], rnd)
                                 for rnd in range(len(counts))])
 
     results = run_peers(size, main)

@@ -9,7 +9,7 @@ import yaml
 
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
-from gossip.faults import DelayConfig, DelayedTransport, DelayModel
+from gossip.faults import DelayConfig, DelayModel
 from gossip.transport import Message
 
 STRAGGLERS = DelayConfig(compute=0.01, slowdown={1: 4.0}, straggler_prob=0.2,
@@ -90,29 +90,19 @@ def test_minibatches_must_divide_the_batch():
         TrainConfig(batch_size=30, minibatches=4)
 
 
-class _Recorder:
-    """A transport stand-in: records sends, owns attributes the proxy must forward."""
+def test_send_delay_sleeps_on_the_transport_clock_before_the_strategy_messages_only():
+    from gossip.clock import ManualClock
+    from gossip.transport import LoopbackHub
 
-    stats = "stats of the inner transport"
-
-    def __init__(self):
-        self.sent = []
-
-    def send(self, dst, msg, **kwargs):
-        self.sent.append((dst, msg.kind, kwargs))
-        return "delivery"
-
-
-def test_delayed_transport_sleeps_before_sends_except_exempt_kinds(monkeypatch):
-    slept = []
-    monkeypatch.setattr("gossip.faults.time.sleep", slept.append)
-    inner = _Recorder()
-    transport = DelayedTransport(inner, 0.25, exempt=("probe.",))
-    assert transport.send(1, Message(kind="gossip", round=0), track=True) == "delivery"
-    transport.send(1, Message(kind="probe.rs", round=0))
-    assert slept == [0.25]
-    assert inner.sent == [(1, "gossip", {"track": True}), (1, "probe.rs", {})]
-    assert transport.stats == "stats of the inner transport"
+    clock = ManualClock()
+    hub = LoopbackHub(2)
+    t0, t1 = hub.transport(0, clock=clock), hub.transport(1)
+    t0.delay_sends(0.25, kinds=("gossip",))
+    t0.send(1, Message(kind="gossip", round=0))
+    assert clock.monotonic() == 0.25
+    t0.send(1, Message(kind="probe.rs", round=0))  # not the algorithm's: at once
+    assert clock.monotonic() == 0.25
+    assert [t1.recv(timeout=1).kind for _ in range(2)] == ["gossip", "probe.rs"]
 
 
 def test_exponential_inverse_cdf_is_finite():

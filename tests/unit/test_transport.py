@@ -542,3 +542,19 @@ def test_malloc_tuning_applies_once_per_process_and_can_be_switched_off(setting,
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "GOSSIP_MALLOC_TUNING": setting})
     assert out.stdout.split() == [str(tuned)] * 2, out.stderr
+
+
+def test_a_receive_timeout_fires_in_virtual_time_without_waiting():
+    """The clock seam: a transport on a virtual clock gives up a receive by advancing its
+    clock to the deadline, so a simulator runs timeouts of minutes in no time."""
+    import time as real_time
+
+    from gossip.clock import ManualClock
+
+    clock = ManualClock(start=100.0)
+    t0 = LoopbackHub(2).transport(0, clock=clock, timeout=60)
+    started = real_time.perf_counter()
+    with pytest.raises(PeerTimeout, match="within 60 s"):
+        t0.recv(src=1, kind="gossip", round=0)
+    assert real_time.perf_counter() - started < 1.0
+    assert clock.monotonic() == pytest.approx(160.0)
