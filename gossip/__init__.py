@@ -1,14 +1,20 @@
 """gossip: decentralized deep learning over ZeroMQ.
 
-Public API: ``Peer``, ``Topology``, ``STRATEGIES``, ``TrainConfig``, ``train`` and the error
-family. Attributes load lazily, so the command line starts without importing torch.
+Public API: ``Peer``, ``Topology``, ``TrainConfig``, ``train``; to write and register a
+strategy of your own, ``Strategy``, ``STRATEGIES``, ``Options`` and ``option``; compressors
+through ``Compressor`` and ``COMPRESSORS``; and the whole error family. Attributes load lazily,
+so the command line starts without importing torch.
 """
 
 from gossip.errors import (
+    CheckpointError,
+    CollectiveAborted,
     ConfigError,
     GossipError,
+    PeerGone,
     PeerTimeout,
     ProtocolError,
+    RejoinError,
     TopologyError,
     TransportError,
 )
@@ -19,12 +25,20 @@ _LAZY = {
     "Peer": "gossip.peer",
     "Topology": "gossip.topology",
     "STRATEGIES": "gossip.strategies",
+    "Strategy": "gossip.strategies",
+    "Options": "gossip.strategies",
+    "option": "gossip.strategies",
+    "COMPRESSORS": "gossip.compress",
+    "Compressor": "gossip.compress",
     "TrainConfig": "gossip.config",
     "train": "gossip.training",
+    "Clock": "gossip.clock",
+    "ManualClock": "gossip.clock",
 }
 
-__all__ = ["GossipError", "ConfigError", "TopologyError", "TransportError", "PeerTimeout",
-           "ProtocolError", *_LAZY]
+__all__ = ["GossipError", "ConfigError", "TopologyError", "CheckpointError", "TransportError",
+           "PeerTimeout", "PeerGone", "CollectiveAborted", "RejoinError", "ProtocolError",
+           *_LAZY]
 
 
 def __getattr__(name: str):

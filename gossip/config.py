@@ -42,7 +42,7 @@ class TrainConfig:
         delays: Injected compute, straggler and send delays (see gossip.faults).
     """
 
-    strategy: str = "dpsgd"
+    strategy: str = ""  # empty: the default strategy (gossip.strategies.DEFAULT)
     options: Mapping[str, Any] = field(default_factory=dict)
     task: str = "digits"
     rounds: int = 300
@@ -60,16 +60,13 @@ class TrainConfig:
     delays: DelayConfig = field(default_factory=DelayConfig)
 
     def __post_init__(self):
-        from gossip.strategies import STRATEGIES
-        from gossip.strategies.base import check_options
+        from gossip.strategies import DEFAULT, STRATEGIES
         from gossip.tasks import SCHEMES, TASKS
 
-        STRATEGIES.get(self.strategy)
+        if not self.strategy:
+            object.__setattr__(self, "strategy", DEFAULT)
+        STRATEGIES.options(self.strategy, self.options)  # the name and every option checked
         TASKS.get(self.task)
-        check_options(self.strategy, self.options)
-        validate = getattr(STRATEGIES.get(self.strategy), "validate_options", None)
-        if validate is not None:  # strategies with nested options (nonblocking's inner)
-            validate(self.options)
         _require(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
         _require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
         _require(self.minibatches >= 1, "minibatches", self.minibatches, "must be >= 1")

@@ -10,8 +10,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from gossip import keys
 from gossip.errors import ConfigError
-from gossip.strategies import Strategy, create_strategy
-from gossip.strategies.base import check_options
+from gossip.strategies import DEFAULT, STRATEGIES, Strategy
 from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
 from gossip.transport import Transport, ZmqTransport
 from gossip.transport.zmq import DEAD_AFTER_S
@@ -28,7 +27,9 @@ class Peer:
     Args:
         rank: This peer's rank in ``topology``.
         topology: A ``gossip.Topology`` naming every peer's address and the graph.
-        strategy: Registered strategy name (see ``gossip.STRATEGIES.names()``).
+        strategy: A registered strategy's name (``gossip strategies`` lists them and their
+            options), a Strategy class of your own, or a factory ``(*, rank, topology,
+            transport) -> Strategy``.
         timeout: Seconds to wait for any one message before raising PeerTimeout.
         transport: A transport to use instead of ZeroMQ (e.g. loopback in tests); the Peer
             takes ownership and closes it.
@@ -45,21 +46,22 @@ class Peer:
         comm_threads: torch intra-op threads of a round's communication and math (default:
             this machine's cores divided by the topology's peers on it, at least 1; see
             gossip/threads.py for why more threads than cores stall every peer).
-        **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce.
+        **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce; ``compressor``
+            may be a compressor's name (with its options, e.g. ``density``) or a Compressor.
 
     Raises:
         ConfigError: unknown strategy or option, rank not in the topology, or a missing or
             wrong secret key for a topology with keys.
     """
 
-    def __init__(self, rank: int, topology, strategy: str = "dpsgd", *, timeout: float = 60.0,
+    def __init__(self, rank: int, topology, strategy=DEFAULT, *, timeout: float = 60.0,
                  transport: Transport | None = None, local_ipc: bool = True,
                  key_file: str | Path | None = None, dead_after: float = DEAD_AFTER_S,
                  keep_for_rejoin: bool = False, send_delay: float = 0.0,
                  comm_threads: int | None = None, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
-        check_options(strategy, options)  # also rejects an unknown strategy name
+        self._build = STRATEGIES.resolve(strategy, options)  # options checked now
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         if dead_after <= 0:
@@ -70,8 +72,6 @@ class Peer:
             raise ConfigError(f"comm_threads must be a positive integer, got {comm_threads!r}")
         self.rank = rank
         self.topology = topology
-        self.strategy_name = strategy
-        self.options = options
         self.timeout = timeout
         self.transport = transport
         self.local_ipc = local_ipc
@@ -94,7 +94,7 @@ class Peer:
         if self.keep_for_rejoin:
             self.transport.membership.keep_for_rejoin()
         try:
-            self.strategy = self.add_strategy(self.strategy_name, **self.options)
+            self.strategy = self._add(self._build)
             if self.send_delay:
                 self.transport.delay_sends(self.send_delay, self.strategy.kinds)
         except BaseException:
@@ -114,10 +114,13 @@ class Peer:
             lost = membership is not None and bool(membership.lost)
             self.transport.close(linger=NOTICE_FLUSH_S if lost else 0.0)
 
-    def add_strategy(self, name: str, **options: Any) -> Strategy:
-        """Build another strategy on this peer's transport (give it a distinct ``tag``)."""
-        strategy = create_strategy(name, rank=self.rank, topology=self.topology,
-                                   transport=self.transport, options=options)
+    def add_strategy(self, strategy, **options: Any) -> Strategy:
+        """Build another strategy on this peer's transport (give it a distinct ``tag``);
+        ``strategy`` as for the Peer."""
+        return self._add(STRATEGIES.resolve(strategy, options))
+
+    def _add(self, build) -> Strategy:
+        strategy = build(rank=self.rank, topology=self.topology, transport=self.transport)
         self.transport.accept_kinds(strategy.kinds,
                                     receiver_checks_finite=strategy.checks_own_result)
         if strategy.needs_every_peer:  # one dead peer stops its rounds everywhere

@@ -27,16 +27,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gossip.bench.harness import format_table
-from gossip.bench.sparse_rank import CONTENDERS, SPARSE, parse_contender
+from gossip.bench.sparse_rank import contenders as default_contenders
+from gossip.bench.sparse_rank import parse_contender, sparse_strategies
 from gossip.compress.sparse import k_for
 from gossip.errors import ConfigError, GossipError
+from gossip.strategies import EXACT_MEAN
 
 _HOST = "127.0.0.1"
 PHASES = ("load", "select", "encode", "decode", "reduce", "send", "recv", "wait")
 
 
 def run(peers: int, numel: int, density: float, *, reps: int = 5, warmup: int = 1,
-        contenders: Sequence[str] = tuple(CONTENDERS), indices: str = "compact",
+        contenders: Sequence[str] | None = None, indices: str = "compact",
         netns: bool = False, rate: str | None = None, timeout: float = 600.0) -> dict:
     """Run every rank and return ``{contender: summary}`` (see ``summarize``).
 
@@ -44,6 +46,7 @@ def run(peers: int, numel: int, density: float, *, reps: int = 5, warmup: int = 
         ConfigError: Bad arguments. NetnsUnavailable: ``netns`` without root or iproute2.
         GossipError: A rank failed or did not finish within ``timeout`` seconds.
     """
+    contenders = list(contenders or default_contenders())
     if peers < 1 or numel < 1 or reps < 1 or warmup < 0:
         raise ConfigError("peers, size and reps must be >= 1, warmup >= 0")
     for name in contenders:
@@ -147,7 +150,7 @@ def time_table(results: dict[int, dict[str, dict]]) -> str:
     """One row per (P, contender): time, speed-up over dense ring, bytes per peer."""
     rows = []
     for peers, summary in results.items():
-        dense = summary.get("ring-allreduce", {}).get("seconds")
+        dense = summary.get(EXACT_MEAN, {}).get("seconds")
         for name, s in summary.items():
             rows.append({"P": peers, "strategy": name, "ms": 1e3 * s["seconds"],
                          "vs ring": dense / s["seconds"] if dense else "",
@@ -165,7 +168,7 @@ def phase_table(results: dict[int, dict[str, dict]]) -> str:
     rows = []
     for peers, summary in results.items():
         for name, s in summary.items():
-            if parse_contender(name)[0] not in SPARSE:
+            if parse_contender(name)[0] not in sparse_strategies():
                 continue
             for clock, key in (("wall", "phases"), ("cpu", "phases_cpu")):
                 ph = {phase: 1e3 * value for phase, value in s[key].items()}

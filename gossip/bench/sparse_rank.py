@@ -17,20 +17,31 @@ from collections import Counter
 
 import torch
 
-from gossip.strategies.sparse_common import Timings
+from gossip.strategies import EXACT_MEAN, STRATEGIES
+from gossip.strategies.sparse.options import INDEX_CODINGS as CODINGS
+from gossip.strategies.sparse.timings import Timings
 from gossip.transport import codec
 
-#: Contenders by default; a sparse one may name its index coding, e.g. ``spardl:int32``.
-CONTENDERS = ("ring-allreduce", "topk-allgather", "gtopk", "spardl")
-SPARSE = ("topk-allgather", "gtopk", "spardl")
-CODINGS = ("compact", "int32")
+
+def sparse_strategies() -> list[str]:
+    """The registered sparse all-reduce strategies: those with a density and an index
+    coding among their options."""
+    return [name for name in STRATEGIES.names()
+            if {"density", "indices"} <= set(STRATEGIES.entry(name).options.names())]
+
+
+def contenders() -> list[str]:
+    """Contenders by default: the dense exact ring, then every sparse all-reduce; a sparse
+    one may name its index coding, e.g. ``spardl:int32``."""
+    return [EXACT_MEAN, *sparse_strategies()]
 
 
 def parse_contender(name: str) -> tuple[str, str | None]:
     """``"spardl:int32"`` -> ("spardl", "int32"); ValueError naming what exists."""
     strategy, _, coding = name.partition(":")
-    if strategy not in CONTENDERS or coding and (strategy not in SPARSE or coding not in CODINGS):
-        raise ValueError(f"unknown contender {name!r}: expected one of {', '.join(CONTENDERS)}, "
+    known, sparse = contenders(), sparse_strategies()
+    if strategy not in known or coding and (strategy not in sparse or coding not in CODINGS):
+        raise ValueError(f"unknown contender {name!r}: expected one of {', '.join(known)}, "
                          f"a sparse one optionally with :{' or :'.join(CODINGS)}")
     return strategy, coding or None
 
@@ -44,14 +55,14 @@ def main(argv: list[str] | None = None) -> None:
     topology = Topology.from_yaml(args.topology)
     names = args.contenders.split(",")
     x = torch.randn(args.size, generator=torch.Generator().manual_seed(args.rank))
-    with Peer(args.rank, topology, "ring-allreduce", timeout=args.timeout, tag="barrier") as peer:
+    with Peer(args.rank, topology, EXACT_MEAN, timeout=args.timeout, tag="barrier") as peer:
         barrier = peer.strategy
         one = torch.zeros(1)
         strategies = {}
         for name in names:
             strategy, coding = parse_contender(name)
             options = ({"density": args.density, "indices": coding or args.indices}
-                       if strategy in SPARSE else {})
+                       if strategy in sparse_strategies() else {})
             strategies[name] = peer.add_strategy(strategy, tag=name.replace(":", "-"), **options)
         received = _count_received(peer.transport)
         buffers = {name: torch.empty_like(x) for name in names}
@@ -66,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
                 before, got = peer.stats, _total(received, strategies[name].kinds)
                 start, cpu = time.perf_counter(), time.process_time()
                 # Dense: in place, as torch.distributed does; sparse: into a second buffer.
-                sparse = name.partition(":")[0] in SPARSE
+                sparse = name.partition(":")[0] in sparse_strategies()
                 strategies[name].synchronize(x if sparse else buf, rep, out=buf)
                 seconds = time.perf_counter() - start
                 cpu = time.process_time() - cpu  # all threads of the process, zmq's included
@@ -115,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--density", type=float, required=True)
     parser.add_argument("--indices", default="compact")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--contenders", default=",".join(contenders()))
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=120.0)

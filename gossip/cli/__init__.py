@@ -1,9 +1,16 @@
-"""Command line: `gossip peer | launch | experiment run | plot | topology show | keys | bench`.
+"""Command line: `gossip peer | launch | experiment run | plot | topology show | keys | bench |
+strategies | compressors`.
 
 One module per command family; importing them registers their commands on ``main``.
 """
 
-from gossip.cli import bench, experiment, topology, train  # noqa: F401  (register commands)
+from gossip.cli import (  # noqa: F401  (register commands)
+    bench,
+    experiment,
+    strategies,
+    topology,
+    train,
+)
 from gossip.cli.common import main
 
 __all__ = ["main"]

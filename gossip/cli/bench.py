@@ -81,9 +81,9 @@ def bench_compress(size, density, reps, threads):
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed repetitions.")
 @click.option("--indices", type=click.Choice(["compact", "int32"]), default="compact",
               show_default=True, help="Index wire encoding of the sparse strategies.")
-@click.option("--only", help="Comma list of contenders (default: ring-allreduce, "
-                             "topk-allgather, gtopk, spardl); a sparse one may name its index "
-                             "coding, e.g. spardl:int32.")
+@click.option("--only", help="Comma list of contenders (default: the exact ring all-reduce "
+                             "and every sparse all-reduce strategy); a sparse one may name its "
+                             "index coding, e.g. spardl:int32.")
 @click.option("--netns", is_flag=True,
               help="Every peer in its own network namespace, links capped at --rate "
                    "(needs root and iproute2).")
@@ -99,7 +99,7 @@ def bench_sparse(peers, size, density, reps, warmup, indices, only, netns, rate)
         raise click.BadParameter(f"{peers!r} is not a number of peers or a comma list") \
             from None
     numel = parse_size(size)
-    contenders = only.split(",") if only else list(sparse.CONTENDERS)
+    contenders = only.split(",") if only else sparse.default_contenders()
     click.echo(sparse.describe(counts, numel, density, netns=netns, rate=rate))
     results = {}
     for count in counts:

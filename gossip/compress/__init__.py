@@ -61,6 +61,14 @@ def build(name: str, *, error_feedback: bool = False, momentum: float | None = N
     (they remember what the warmed-up compressor did not send), Clip outermost (clipping the
     fresh gradient, not the accumulated residual).
 
+    Args:
+        error_feedback: Keep what was not sent and add it to the next round's input.
+        momentum: DGC momentum correction with this factor (instead of error feedback).
+        clip_norm: Clip each gradient to this L2 norm before compressing it.
+        warmup_rounds: Raise a sparsifier's density from warmup_start to its own over these
+            rounds.
+        warmup_start: The density warm-up's first density (default 0.25).
+
     Raises:
         ConfigError: Unknown name/option, invalid values, warm-up on a compressor without a
             density, ``warmup_start`` without warm-up rounds, or momentum correction together

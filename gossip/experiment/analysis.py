@@ -29,6 +29,7 @@ class Curve:
 
     name: str
     label: str  # strategy as a reader knows it, e.g. "nonblocking(dpsgd)"
+    # A wrapper (it has an inner strategy): drawn dashed in its inner strategy's colour.
     family: str  # runs of one family differ only by blocking vs non-blocking (same colour)
     nonblocking: bool
     rounds: np.ndarray
@@ -87,16 +88,16 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
     finished = sum(r.get("minibatches", train.get("minibatches", 1)) for row in rows for r in row)
     strategy = train.get("strategy", "?")
     options = train.get("options") or {}
-    inner = options.get("inner", "ring-allreduce") if strategy == "nonblocking" else strategy
-    family_options = options.get("inner_options") if strategy == "nonblocking" else options
+    inner, family_options = _inner(strategy, options)
+    wrapper = inner != strategy
     family = inner + (json.dumps(family_options, sort_keys=True) if family_options else "")
     family += f"@{config['netns']['rate']}" if config.get("netns") else ""
     avg = [r["avg_accuracy"] for row in rows for r in row[:1] if r.get("avg_accuracy") is not None]
     return Curve(
         name=run_dir.name,
-        label=f"nonblocking({inner})" if strategy == "nonblocking" else strategy,
+        label=f"{strategy}({inner})" if wrapper else strategy,
         family=family,
-        nonblocking=strategy == "nonblocking",
+        nonblocking=wrapper,
         rounds=np.arange(n),
         time=time,
         loss=_moving_average(raw, smooth),
@@ -106,6 +107,17 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
         avg_accuracy=avg[-1] if avg else None,
         minibatch_share=finished / planned if planned else 1.0,
     )
+
+
+def _inner(strategy: str, options: dict) -> tuple[str, dict]:
+    """The strategy that combines and its options: a wrapper's inner one (``inner``,
+    ``inner_options`` in its options), else the strategy itself."""
+    from gossip.strategies import STRATEGIES
+
+    if strategy in STRATEGIES and "inner" in STRATEGIES.entry(strategy).options.names():
+        default = STRATEGIES.options(strategy).inner
+        return options.get("inner", default), dict(options.get("inner_options") or {})
+    return strategy, options
 
 
 def _mean_known(values) -> float:

@@ -1,19 +1,7 @@
-"""Synchronization strategies, built by name from STRATEGIES."""
+"""Synchronization strategies, built by name from STRATEGIES; one subpackage per family."""
 
-from gossip.strategies import (  # noqa: F401  (registers them)
-    allreduce,
-    dpsgd,
-    gtopk,
-    matcha,
-    nonblocking,
-    spardl,
-    topk_allgather,
-)
-from gossip.strategies.base import STRATEGIES, Strategy, create_strategy
+from gossip.strategies import gossip, matcha, nonblocking, ring, sparse  # noqa: F401 (register)
+from gossip.strategies.base import DEFAULT, EXACT_MEAN, STRATEGIES, Strategy
+from gossip.strategies.options import Options, option
 
-#: The strategy a peer runs when none is named.
-DEFAULT = "dpsgd"
-#: An exact all-reduce mean over every peer (the consensus probe measures with it).
-EXACT_MEAN = "ring-allreduce"
-
-__all__ = ["DEFAULT", "EXACT_MEAN", "STRATEGIES", "Strategy", "create_strategy"]
+__all__ = ["DEFAULT", "EXACT_MEAN", "STRATEGIES", "Options", "Strategy", "option"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
@@ -10,10 +9,18 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from gossip.errors import ConfigError, ProtocolError, RejoinError
-from gossip.registry import Registry
+from gossip.strategies.options import Options
+from gossip.strategies.registry import StrategyRegistry
 from gossip.transport import Message, Transport
 
-STRATEGIES: Registry[Strategy] = Registry("strategy")
+STRATEGIES = StrategyRegistry()
+#: The capabilities every Strategy declares as class attributes.
+CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer",
+                "can_rejoin", "synchronous", "checks_own_result")
+#: The strategy a peer runs when none is named.
+DEFAULT = "dpsgd"
+#: An exact all-reduce mean over every peer (the consensus probe measures with it).
+EXACT_MEAN = "ring-allreduce"
 
 
 class Strategy(ABC):
@@ -22,22 +29,50 @@ class Strategy(ABC):
     Gradient strategies (``operates_on = "grads"``) return an (approximate) average over
     peers; gossip strategies (``"params"``) return this peer's mixed value.
 
+    What other code needs to know about a strategy is a class attribute (a capability), never
+    its name or type: see the attributes below. A subclass names its options dataclass in
+    ``options_class`` and registers itself with ``@STRATEGIES.register(name)``.
+
     Args:
         rank: This peer's rank.
         topology: The peers and their graph.
         transport: An open transport for this rank.
+        options: This strategy's options (default: ``options_class()``).
     """
 
+    #: The dataclass of this strategy's options.
+    options_class: ClassVar[type[Options]] = Options
+    #: ``"grads"``: synchronize averages gradients before the optimizer steps; ``"params"``:
+    #: the optimizer steps locally, then synchronize mixes the parameters.
     operates_on: ClassVar[Literal["grads", "params"]]
+    #: synchronize returns the exact mean over all peers, the same on every peer.
+    exact_mean: ClassVar[bool] = False
+    #: A round leaves the peers' average unchanged (gossip with a doubly stochastic mix).
+    preserves_mean: ClassVar[bool] = False
+    #: Every round needs every peer (an all-reduce): one dead peer stops it everywhere, so
+    #: the transport stops its messages' waits as soon as any peer is known lost.
+    needs_every_peer: ClassVar[bool] = False
+    #: A peer restarted from a checkpoint can rejoin a running job (``rejoin_round``).
+    can_rejoin: ClassVar[bool] = False
+    #: Peers run in lockstep rounds: a round waits for the neighbours' messages of it.
+    synchronous: ClassVar[bool] = True
     #: ``synchronize`` raises on a NaN/Inf result itself, so the transport need not check
     #: every incoming frame of its kinds.
     checks_own_result: ClassVar[bool] = False
 
-    def __init__(self, *, rank: int, topology, transport: Transport):
+    def __init__(self, *, rank: int, topology, transport: Transport,
+                 options: Options | None = None):
         self.rank = rank
         self.topology = topology
         self.transport = transport
         self.size = topology.size
+        self.options = options if options is not None else self.options_class()
+
+    @classmethod
+    def capabilities_for(cls, options: Options) -> dict[str, Any]:
+        """The capabilities an instance built with ``options`` has (wrappers take their
+        inner strategy's)."""
+        return {key: getattr(cls, key, None) for key in CAPABILITIES}
 
     @property
     @abstractmethod
@@ -52,13 +87,6 @@ class Strategy(ABC):
         The result goes to ``out`` if given (which may be ``x`` itself: in place), else to a
         new tensor. ``x`` may be modified again as soon as this returns.
         """
-
-    @property
-    def needs_every_peer(self) -> bool:
-        """Every round needs every peer (an all-reduce): one dead peer stops it everywhere,
-        so the transport stops its messages' waits as soon as any peer is known lost. Gossip
-        strategies (``params``) carry on with the neighbours they have left."""
-        return self.operates_on == "grads"
 
     # -- a training round, as the training loop runs it (defaults: blocking SGD) ----------
     def stop_requested(self, round: int) -> bool:
@@ -91,9 +119,11 @@ class Strategy(ABC):
     def rejoin_round(self, rounds: Mapping[int, int]) -> int:
         """The round a peer restarted from a checkpoint resumes at, from the round each
         running peer is at (by rank). Strategies that cannot take a peer back raise."""
+        able = STRATEGIES.where(can_rejoin=True)
         raise RejoinError(f"rank {self.rank}: {type(self).__name__} cannot take a restarted "
-                          f"peer back into a running job (dpsgd and matcha can); restart every "
-                          f"peer with --resume instead, from checkpoints of one round")
+                          f"peer back into a running job ({' and '.join(able) or 'none'} "
+                          f"can); restart every peer with --resume instead, from checkpoints "
+                          f"of one round")
 
     @staticmethod
     def _output(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -115,95 +145,3 @@ class Strategy(ABC):
                 f"same length?)"
             )
         return msg.buffers[0]
-
-
-class MixingGossip(Strategy):
-    """A gossip strategy on the topology's static graph with its Metropolis-Hastings weights.
-
-    Args:
-        tag: Message kind, distinct per instance sharing one transport.
-    """
-
-    operates_on = "params"
-
-    def __init__(self, *, rank, topology, transport, tag: str):
-        super().__init__(rank=rank, topology=topology, transport=transport)
-        self.tag = tag
-        weights = topology.mixing_matrix()[rank]
-        self.neighbors = topology.neighbors(rank)
-        self.self_weight = float(weights[rank])
-        self.weights = {j: float(weights[j]) for j in self.neighbors}
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
-
-
-def create_strategy(name: str, *, rank: int, topology, transport: Transport,
-                    options: Mapping[str, Any] | None = None) -> Strategy:
-    """Build a registered strategy; unknown names or options raise ConfigError naming them.
-
-    Compression options (``compressor``, its own options such as ``density``, and the
-    wrappers' ``error_feedback``, ``momentum``, ``clip_norm``, ``warmup_rounds``) become one
-    Compressor handed to the strategy as ``compressor``.
-    """
-    factory = STRATEGIES.get(name)
-    own, compression = split_options(name, options or {})
-    if compression:
-        own["compressor"] = build_compressor(**compression)
-    return factory(rank=rank, topology=topology, transport=transport, **own)
-
-
-def check_options(name: str, options: Mapping[str, Any]) -> None:
-    """Raise ConfigError if ``options`` do not fit strategy ``name`` (or its compressor)."""
-    _, compression = split_options(name, options)
-    if compression:
-        build_compressor(**compression)  # validates the compressor and its options
-
-
-def split_options(name: str, options: Mapping[str, Any]) -> tuple[dict, dict]:
-    """``options`` split into the strategy's own and the compressor's; ConfigError if an
-    option belongs to neither, or compression is asked of a strategy that takes none."""
-    allowed = strategy_options(name)
-    own = {key: value for key, value in options.items() if key in allowed and key != "compressor"}
-    rest = {key: value for key, value in options.items() if key not in own}
-    compressor = rest.get("compressor")
-    if compressor is None or compressor == "none" and len(rest) == 1:
-        rest.pop("compressor", None)
-        for key in rest:
-            raise ConfigError(f"strategy {name!r} has no option {key!r}; options: "
-                              f"{', '.join(allowed) or 'none'}"
-                              + ("" if "compressor" not in allowed else
-                                 " (compressor options need a compressor=...)"))
-        return own, {}
-    if "compressor" not in allowed:
-        raise ConfigError(f"strategy {name!r} takes no compressor (it has its own "
-                          f"sparsification: options {', '.join(allowed) or 'none'})")
-    known = compression_options(compressor)
-    for key in rest:
-        if key not in known:
-            raise ConfigError(f"strategy {name!r} with compressor {compressor!r} has no option "
-                              f"{key!r}; options: {', '.join(sorted(set(allowed) | set(known)))}")
-    return own, rest
-
-
-def compression_options(compressor: str) -> list[str]:
-    """Every option that configures ``compressor``: its own and its wrappers'."""
-    from gossip.compress import build, compressor_options
-
-    params = inspect.signature(build).parameters
-    wrappers = [p for p, spec in params.items() if spec.kind == inspect.Parameter.KEYWORD_ONLY]
-    return ["compressor", *wrappers, *compressor_options(compressor)]
-
-
-def build_compressor(**options: Any):
-    from gossip.compress import build
-
-    options = dict(options)
-    return build(options.pop("compressor"), **options)
-
-
-def strategy_options(name: str) -> list[str]:
-    params = inspect.signature(STRATEGIES.get(name)).parameters
-    return [p for p in params if p not in ("rank", "topology", "transport")
-            and params[p].kind == inspect.Parameter.KEYWORD_ONLY]

@@ -21,69 +21,81 @@ See ``shared/specs/nonblocking.md``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gossip.errors import ConfigError, PeerTimeout
-from gossip.strategies.allreduce import RingAllReduce
-from gossip.strategies.base import STRATEGIES, Strategy, check_options, create_strategy
+from gossip.strategies.base import EXACT_MEAN, STRATEGIES, Strategy
+from gossip.strategies.options import Options, option
 from gossip.transport import Message
 
 # STOP(round) messages that arrive after their round ended are drained this many rounds back.
 _DRAIN_ROUNDS = 3
 
 
+@dataclass(frozen=True)
+class NonBlockingOptions(Options):
+    """Options of ``nonblocking``; ``inner_options`` become the inner strategy's own."""
+
+    examples = ({"inner": EXACT_MEAN}, {"inner": "dpsgd"},
+                {"inner": "matcha", "inner_options": {"budget": 0.6}})
+
+    inner: str = option(EXACT_MEAN, "the strategy that combines: an exact all-reduce or a "
+                                    "gossip (params) strategy")
+    inner_options: Any = option(None, "the inner strategy's options, e.g. {budget: 0.5}")
+    tag: str = option("nb", "prefix of the STOP message kind, distinct per instance")
+
+    def __post_init__(self):
+        super().__post_init__()
+        try:
+            entry = STRATEGIES.entry(self.inner)
+        except ConfigError as exc:  # it lists the strategies
+            raise ConfigError(f"nonblocking: inner: {exc}") from None
+        if entry.options is NonBlockingOptions:
+            raise ConfigError("nonblocking: inner: cannot wrap nonblocking itself")
+        given = self.inner_options
+        if given is not None and not isinstance(given, (Mapping, Options)):
+            raise ConfigError(f"nonblocking: inner_options: expected a mapping, got {given!r}")
+        try:
+            inner = STRATEGIES.options(self.inner, given)
+        except ConfigError as exc:
+            raise ConfigError(f"nonblocking: inner_options: {exc}") from None
+        cls = entry.select(inner)
+        if cls.operates_on == "grads" and not cls.exact_mean:
+            # The count travels as one extra element: only an exact mean keeps it exact.
+            raise ConfigError(f"nonblocking: inner: {self.inner!r} with these options is not "
+                              f"an exact all-reduce; wrap an exact all-reduce or a gossip "
+                              f"strategy")
+        object.__setattr__(self, "inner_options", inner)
+
+
 @STRATEGIES.register("nonblocking")
 class NonBlocking(Strategy):
-    """Wraps a strategy so that each round combines only the mini-batches finished in time.
+    """Synchronize on the mini-batches finished when the first peer finishes all of its:
+    stragglers stop stalling everyone (wraps an exact all-reduce or a gossip strategy)."""
 
-    Args:
-        inner: The strategy that combines: ``ring-allreduce`` or a gossip (``params``)
-            strategy such as ``dpsgd`` or ``matcha``.
-        inner_options: Options of the inner strategy, e.g. ``{budget: 0.5}`` for matcha.
-        tag: Prefix of the STOP message kind, distinct per instance sharing a transport.
-    """
+    options_class = NonBlockingOptions
 
-    def __init__(self, *, rank, topology, transport, inner: str = "ring-allreduce",
-                 inner_options: Mapping[str, Any] | None = None, tag: str = "nb"):
-        super().__init__(rank=rank, topology=topology, transport=transport)
-        self.validate_options({"inner": inner, "inner_options": inner_options})
-        self.inner = create_strategy(inner, rank=rank, topology=topology, transport=transport,
-                                     options=inner_options)
-        if self.inner.operates_on == "grads" and type(self.inner) is not RingAllReduce:
-            # The count travels as one extra element: only an exact mean keeps it exact.
-            raise ConfigError(f"nonblocking: inner: {inner!r} with these options is not an "
-                              f"exact all-reduce; wrap the plain ring-allreduce or a gossip "
-                              f"strategy")
+    def __init__(self, *, rank, topology, transport, options: NonBlockingOptions | None = None):
+        super().__init__(rank=rank, topology=topology, transport=transport, options=options)
+        self.inner = STRATEGIES.create(self.options.inner, rank=rank, topology=topology,
+                                       transport=transport, options=self.options.inner_options)
+        # Capabilities are the inner strategy's (it does the combining); none can rejoin.
         self.operates_on = self.inner.operates_on
-        self.stop_kind = f"{tag}.stop"
+        self.exact_mean = self.inner.exact_mean
+        self.preserves_mean = self.inner.preserves_mean
+        self.needs_every_peer = self.inner.needs_every_peer
+        self.checks_own_result = self.inner.checks_own_result
+        self.stop_kind = f"{self.options.tag}.stop"
         self._stopped = -1  # latest round whose STOP we have seen (or sent)
         self._drained_at = -1  # the round that last drained late STOPs
 
-    @staticmethod
-    def validate_options(options: Mapping[str, Any]) -> None:
-        """Check ``inner`` and ``inner_options`` before any peer starts (ConfigError)."""
-        inner = options.get("inner", "ring-allreduce")
-        if not isinstance(inner, str):
-            raise ConfigError(f"nonblocking: inner: expected a strategy name, got {inner!r}")
-        try:
-            factory = STRATEGIES.get(inner)
-        except ConfigError as exc:  # it lists the strategies
-            raise ConfigError(f"nonblocking: inner: {exc}") from None
-        if factory is NonBlocking:
-            raise ConfigError("nonblocking: inner: cannot wrap nonblocking itself")
-        inner_options = options.get("inner_options") or {}
-        if not isinstance(inner_options, Mapping):
-            raise ConfigError(f"nonblocking: inner_options: expected a mapping, got "
-                              f"{inner_options!r}")
-        if inner == "ring-allreduce" and inner_options.get("compressor") not in (None, "none"):
-            raise ConfigError("nonblocking: inner_options: compressor: the all-reduce of "
-                              "[gradient sum, count] must be exact")
-        try:
-            check_options(inner, inner_options)
-        except ConfigError as exc:
-            raise ConfigError(f"nonblocking: inner_options: {exc}") from None
+    @classmethod
+    def capabilities_for(cls, options: NonBlockingOptions) -> dict[str, Any]:
+        inner = STRATEGIES.strategy_class(options.inner, options.inner_options)
+        return {**inner.capabilities_for(options.inner_options), "can_rejoin": False}
 
     @property
     def kinds(self) -> tuple[str, ...]:

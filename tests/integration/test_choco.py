@@ -9,7 +9,8 @@ import torch
 from gossip.compress import create
 from gossip.errors import ConfigError
 from gossip.peer import Peer
-from gossip.strategies.choco import ChocoGossip, default_gamma
+from gossip.strategies.gossip import ChocoGossip, DPSGDOptions
+from gossip.strategies.gossip.compression import default_gamma
 from gossip.transport import LoopbackHub
 
 
@@ -29,7 +30,7 @@ def test_identity_compressor_with_gamma_one_is_exact_gossip(run_peers, local_top
 
     def peer_main(rank):
         strategy = ChocoGossip(rank=rank, topology=topology, transport=hub.transport(rank),
-                               compressor=create("none"), gamma=1.0)
+                               options=DPSGDOptions(compressor=create("none"), gamma=1.0))
         x = x0[rank].clone()
         for rnd in range(4):
             x = strategy.synchronize(x, rnd)

@@ -26,7 +26,7 @@ import torch
 from gossip.errors import PeerGone, PeerTimeout
 from gossip.metrics import read_jsonl
 from gossip.peer import Peer
-from gossip.strategies.matcha import Matcha
+from gossip.strategies.matcha import Matcha, MatchaOptions
 from gossip.topology import Topology
 from gossip.transport import LoopbackHub, Message
 from gossip.transport.zmq import local_ipc
@@ -170,7 +170,8 @@ def test_matcha_survivors_never_activate_edges_to_the_dead_peer(local_topology, 
     outcome, _, peers = run_with_victim(run_peers, topology, "matcha", x0=x0, rounds=rounds,
                                         victim=victim, dies_before=dies_before, budget=0.6,
                                         seed=seed)
-    plan = Matcha(rank=0, topology=topology, transport=_NoTransport(), budget=0.6).plan
+    plan = Matcha(rank=0, topology=topology, transport=_NoTransport(),
+                  options=MatchaOptions(budget=0.6)).plan
     expected = iterate([matcha_without(plan, seed, k, victim if k >= dies_before else None)
                         for k in range(rounds)], x0)
     survivors = survivors_of(size, victim)

@@ -4,6 +4,7 @@ a stranger's control message, a message of a million frames. Real ZeroMQ peers o
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import tracemalloc
@@ -45,13 +46,18 @@ def test_a_rejected_control_message_changes_nothing(run_peers):
                                "edges": [[0, 1], [1, 2]]})
     sender = threading.Thread(target=stranger_send, args=(line.address(0), [header(
         kind="ctl.gone", src=2, meta={"rank": "x"})]))
-    sender.start()
-    time.sleep(0.2)  # queued in the stranger's socket before rank 0 starts
+    sender.start()  # queued in the stranger's socket until rank 0 binds
     closing = [0.0] * 3
 
     def main(rank: int):
         peer = Peer(rank, line, "dpsgd", timeout=10, dead_after=1)
         with peer:
+            deadline = time.monotonic() + 20
+            while rank == 0 and not any("ctl.gone" in why for why in
+                                        peer.transport.stats.rejections):  # it came first
+                assert time.monotonic() < deadline, "the stranger's message never came"
+                with contextlib.suppress(PeerTimeout):  # reads; a neighbour's message is kept
+                    peer.transport.recv(kind="gossip", round=-1, timeout=0.05)
             x = torch.full((5,), float(rank))
             for rnd in range(3):
                 peer.synchronize(x, rnd, out=x)
@@ -62,8 +68,10 @@ def test_a_rejected_control_message_changes_nothing(run_peers):
     peers = run_peers(3, main, timeout=30)
     sender.join(10)
     zero = peers[0]
-    assert zero.stats["messages_rejected"] == 1
-    assert "ctl.gone from peer 2: bad meta: rank='x'" in zero.transport.stats.rejections[0]
+    reasons = list(zero.transport.stats.rejections)
+    assert any("ctl.gone from peer 2: bad meta: rank='x'" in why for why in reasons), reasons
+    # The only other rejection there may be: the stranger hanging up without a goodbye.
+    assert all("ctl.gone" in why or "without a goodbye" in why for why in reasons), reasons
     assert zero.transport.contacts == {1}  # not 2: the message was rejected
     assert zero.lost_peers == {} and all(p.lost_peers == {} for p in peers)
     assert closing[0] < 2.0, closing  # no wait for a goodbye that never comes

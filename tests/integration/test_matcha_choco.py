@@ -15,7 +15,7 @@ import torch
 from gossip.compress import create
 from gossip.errors import ConfigError
 from gossip.peer import Peer
-from gossip.strategies.matcha_choco import ChocoMatcha
+from gossip.strategies.matcha import ChocoMatcha, MatchaOptions
 from gossip.topology import matcha
 from gossip.transport import LoopbackHub
 
@@ -36,7 +36,8 @@ def test_identity_compressor_with_gamma_one_is_exact_matcha(kind, n, params, run
 
     def peer_main(rank: int) -> None:
         strategy = ChocoMatcha(rank=rank, topology=topology, transport=hub.transport(rank),
-                               compressor=create("none"), gamma=1.0, seed=5)
+                               options=MatchaOptions(compressor=create("none"), gamma=1.0,
+                                                     seed=5))
         x = x0[rank].clone()
         for rnd in range(12):
             x = strategy.synchronize(x, rnd, out=x)
@@ -122,10 +123,11 @@ def test_bad_compression_options_name_the_fault(options, message, local_topology
 def test_one_tensor_per_instance(local_topology):
     topology = local_topology("ring", 2)
     hub = LoopbackHub(2)
+    options = MatchaOptions(compressor=create("topk", density=0.5), budget=1.0)
     strategy = ChocoMatcha(rank=0, topology=topology, transport=hub.transport(0),
-                           compressor=create("topk", density=0.5), budget=1.0)
+                           options=options)
     other = ChocoMatcha(rank=1, topology=topology, transport=hub.transport(1),
-                        compressor=create("topk", density=0.5), budget=1.0)
+                        options=options)
     threads = [threading.Thread(target=s.synchronize, args=(torch.ones(4), 0))
                for s in (strategy, other)]
     for t in threads:

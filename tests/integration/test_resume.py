@@ -25,7 +25,7 @@ from gossip.errors import RejoinError
 from gossip.metrics import MetricsWriter, read_jsonl
 from gossip.netutil import free_ports
 from gossip.peer import Peer
-from gossip.strategies.matcha import Matcha
+from gossip.strategies.matcha import Matcha, MatchaOptions
 from gossip.training import train
 
 ROUNDS, EVERY, VICTIM = 40, 5, 2
@@ -86,7 +86,8 @@ def test_a_restarted_peer_rejoins_with_its_checkpointed_value(strategy, options,
         mixing = [topology.mixing_matrix()] * rounds
         assert start == dies_before
     else:  # the first round from there on in which one of its edges is active
-        plan = Matcha(rank=0, topology=topology, transport=_NoTransport(), **options).plan
+        plan = Matcha(rank=0, topology=topology, transport=_NoTransport(),
+                      options=MatchaOptions(**options)).plan
         mixing = [_matcha_w(plan, 0, k) for k in range(rounds)]
         assert start >= dies_before
         assert any(mixing[start][victim, j] for j in range(size) if j != victim)

@@ -10,16 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gossip.errors import ConfigError, ProtocolError
-from gossip.strategies import create_strategy
-from gossip.strategies.sparse_common import (
-    encode_block,
-    keep_topk,
-    member,
-    merge_sum,
-    pack,
-    select,
-    unpack,
-)
+from gossip.strategies import STRATEGIES
+from gossip.strategies.sparse.sets import keep_topk, member, merge_sum, select
+from gossip.strategies.sparse.wire import encode_block, pack, unpack
 from gossip.topology import Topology
 from gossip.transport import LoopbackHub, Message, codec
 
@@ -146,7 +139,7 @@ NAMES = ["topk-allgather", "gtopk", "spardl"]
 
 def build(name: str, size: int = 1, rank: int = 0, hub: LoopbackHub | None = None, **options):
     hub = hub or LoopbackHub(size)
-    return create_strategy(name, rank=rank, topology=Topology.generate("ring", size),
+    return STRATEGIES.create(name, rank=rank, topology=Topology.generate("ring", size),
                            transport=hub.transport(rank, timeout=5), options=options)
 
 

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from gossip.strategies.gtopk import broadcast_steps, reduce_steps
-from gossip.strategies.spardl import all_gather_schedule, reduce_scatter_schedule
+from gossip.strategies.sparse.gtopk import broadcast_steps, reduce_steps
+from gossip.strategies.sparse.spardl import all_gather_schedule, reduce_scatter_schedule
 
 SIZES = list(range(1, 34))
 

@@ -30,16 +30,10 @@ import numpy as np
 import torch
 
 from gossip.errors import ProtocolError
-from gossip.strategies.base import STRATEGIES
-from gossip.strategies.sparse_common import (
-    Block,
-    SparseStrategy,
-    encode_block,
-    member,
-    pack,
-    select,
-    unpack,
-)
+from gossip.strategies.sparse.base import SparseStrategy
+from gossip.strategies.sparse.options import SparDLOptions
+from gossip.strategies.sparse.sets import member, select
+from gossip.strategies.sparse.wire import Block, encode_block, pack, unpack
 
 
 def reduce_scatter_schedule(size: int) -> list[tuple[int, int]]:
@@ -76,21 +70,11 @@ def _union(sets: list[np.ndarray]) -> np.ndarray:
     return both[np.concatenate(([True], both[1:] != both[:-1]))] if both.size else both
 
 
-@STRATEGIES.register("spardl")
 class SparDL(SparseStrategy):
-    """Sparse all-reduce by Spar-Reduce-Scatter and Spar-All-Gather; see the module docstring.
+    """Spar-Reduce-Scatter + Spar-All-Gather with global residual collection (density per
+    block: k_b = max(1, ceil(d·B)), B = ceil(n/P))."""
 
-    Args:
-        density: Fraction kept per block, in (0, 1]; k_b = max(1, ceil(d·B)), B = ceil(n/P).
-        error_feedback: Carry residuals into the next round (see SparseStrategy).
-        tag: Message kind prefix, distinct per instance sharing one transport.
-        indices: Index wire encoding, ``"compact"`` or ``"int32"``.
-    """
-
-    def __init__(self, *, rank, topology, transport, density: float = 0.01,
-                 error_feedback: bool = True, tag: str = "spardl", indices: str = "compact"):
-        super().__init__(rank=rank, topology=topology, transport=transport, density=density,
-                         error_feedback=error_feedback, tag=tag, indices=indices)
+    options_class = SparDLOptions
 
     @property
     def kinds(self) -> tuple[str, ...]:

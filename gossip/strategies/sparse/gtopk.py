@@ -30,20 +30,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from gossip.errors import ConfigError
-from gossip.strategies.base import STRATEGIES
-from gossip.strategies.sparse_common import (
-    SparseStrategy,
-    encode_block,
-    keep_topk,
-    member,
-    merge_sum,
-    pack,
-    select,
-    unpack,
-)
-
-RESIDUAL_MODES = ("conserve", "reference")
+from gossip.strategies.sparse.base import SparseStrategy
+from gossip.strategies.sparse.options import GTopKOptions
+from gossip.strategies.sparse.sets import keep_topk, member, merge_sum, select
+from gossip.strategies.sparse.wire import encode_block, pack, unpack
 
 
 def reduce_steps(rank: int, size: int) -> Iterator[tuple[str, int, int]]:
@@ -71,27 +61,14 @@ def broadcast_steps(rank: int, size: int) -> Iterator[tuple[str, int]]:
         d //= 2
 
 
-@STRATEGIES.register("gtopk")
 class GTopK(SparseStrategy):
-    """Global top-k sparse all-reduce; see the module docstring.
+    """Global top-k by pairwise merging along a binomial tree, O(k log P) per peer."""
 
-    Args:
-        density: Fraction kept, in (0, 1]; k = max(1, ceil(d·n)) per set and in the result.
-        error_feedback: Carry residuals into the next round (see SparseStrategy).
-        residual_mode: ``"conserve"`` or ``"reference"`` (loses mass for P >= 3).
-        tag: Message kind prefix, distinct per instance sharing one transport.
-        indices: Index wire encoding, ``"compact"`` or ``"int32"``.
-    """
+    options_class = GTopKOptions
 
-    def __init__(self, *, rank, topology, transport, density: float = 0.01,
-                 error_feedback: bool = True, residual_mode: str = "conserve",
-                 tag: str = "gtopk", indices: str = "compact"):
-        super().__init__(rank=rank, topology=topology, transport=transport, density=density,
-                         error_feedback=error_feedback, tag=tag, indices=indices)
-        if residual_mode not in RESIDUAL_MODES:
-            raise ConfigError(f"residual_mode must be one of {', '.join(RESIDUAL_MODES)}, "
-                              f"got {residual_mode!r}")
-        self.residual_mode = residual_mode
+    def __init__(self, *, rank, topology, transport, options: GTopKOptions | None = None):
+        super().__init__(rank=rank, topology=topology, transport=transport, options=options)
+        self.residual_mode = self.options.residual_mode
 
     @property
     def kinds(self) -> tuple[str, ...]:

@@ -10,31 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from gossip.strategies.base import STRATEGIES
-from gossip.strategies.sparse_common import (
-    SparseStrategy,
-    encode_block,
-    pack,
-    select,
-    unpack,
-)
+from gossip.strategies.sparse.base import SparseStrategy
+from gossip.strategies.sparse.options import TopKAllGatherOptions
+from gossip.strategies.sparse.sets import select
+from gossip.strategies.sparse.wire import encode_block, pack, unpack
 
 
-@STRATEGIES.register("topk-allgather")
 class TopKAllGather(SparseStrategy):
-    """Mean over peers of each peer's top-k of ``x + residual``.
+    """Every peer's top-k of x + residual all-gathered and summed: the sparse baseline."""
 
-    Args:
-        density: Fraction of entries each peer sends, in (0, 1]; k = max(1, ceil(d·n)).
-        error_feedback: Carry what was not sent into the next round (see SparseStrategy).
-        tag: Message kind, distinct per instance sharing one transport.
-        indices: Index wire encoding, ``"compact"`` or ``"int32"``.
-    """
-
-    def __init__(self, *, rank, topology, transport, density: float = 0.01,
-                 error_feedback: bool = True, tag: str = "tkag", indices: str = "compact"):
-        super().__init__(rank=rank, topology=topology, transport=transport, density=density,
-                         error_feedback=error_feedback, tag=tag, indices=indices)
+    options_class = TopKAllGatherOptions
 
     @property
     def kinds(self) -> tuple[str, ...]:

@@ -14,51 +14,30 @@ from __future__ import annotations
 import torch
 
 from gossip.errors import ConfigError, ProtocolError
-from gossip.strategies.base import STRATEGIES, Strategy
+from gossip.strategies.base import Strategy
+from gossip.strategies.ring.layout import RingLayout
+from gossip.strategies.ring.options import RingOptions
 from gossip.transport import Message
 from gossip.transport.codec import has_nonfinite
 
 
-@STRATEGIES.register("ring-allreduce")
-def ring_allreduce(*, rank, topology, transport, piece_bytes: int = 64 << 20, tag: str = "ring",
-                   compressor=None) -> Strategy:
-    """The exact ring all-reduce, or its compressed form when given a (dense) compressor."""
-    if compressor is None:
-        return RingAllReduce(rank=rank, topology=topology, transport=transport,
-                             piece_bytes=piece_bytes, tag=tag)
-    from gossip.strategies.allreduce_compressed import (
-        CompressedRingAllReduce,
-        SharedRandomKRingAllReduce,
-    )
-
-    ring = SharedRandomKRingAllReduce if compressor.name == "randomk" else CompressedRingAllReduce
-    return ring(rank=rank, topology=topology, transport=transport, piece_bytes=piece_bytes,
-                tag=tag, compressor=compressor)
-
-
 class RingAllReduce(Strategy):
-    """Mean over all peers in 2(P-1) steps, each moving 1/P of the tensor per peer.
+    """Mean over all peers in 2(P-1) steps, each moving 1/P of the tensor per peer
+    (options: RingOptions without a compressor)."""
 
-    Args:
-        piece_bytes: Largest message; smaller pieces pipeline better, larger ones cost
-            less per-message overhead.
-        tag: Message kind prefix, distinct per instance sharing one transport.
-    """
-
+    options_class = RingOptions
     operates_on = "grads"
+    exact_mean = True
+    needs_every_peer = True
     # Every element of the result is checked as it is copied into place (NaN/Inf survive the
     # adds): one read of the result instead of 2(P-1)/P of one in per-frame checks.
     checks_own_result = True
 
-    def __init__(self, *, rank, topology, transport, piece_bytes: int = 64 << 20,
-                 tag: str = "ring"):
-        super().__init__(rank=rank, topology=topology, transport=transport)
-        if piece_bytes < 64:
-            raise ConfigError(f"piece_bytes must be >= 64, got {piece_bytes}")
-        self.piece_bytes = piece_bytes
-        self.tag = tag
-        self.right = (rank + 1) % self.size
-        self.left = (rank - 1) % self.size
+    def __init__(self, *, rank, topology, transport, options: RingOptions | None = None):
+        super().__init__(rank=rank, topology=topology, transport=transport, options=options)
+        self.tag = self.options.tag
+        self.layout = RingLayout(rank, self.size, self.options.piece_bytes)
+        self.right, self.left = self.layout.right, self.layout.left
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -66,12 +45,18 @@ class RingAllReduce(Strategy):
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.reduce(x, round, out=out, length=x.numel())
+
+    def reduce(self, x: torch.Tensor, round: int, *, out: torch.Tensor | None,
+               length: int) -> torch.Tensor:
+        """``synchronize``, the peers agreeing on ``length`` (checked in every message):
+        x's own length, or that of the tensor x was drawn from (shared random-k)."""
         if not x.is_floating_point():
             raise ConfigError(f"ring-allreduce averages floating-point tensors, got {x.dtype}")
         flat, out = x.reshape(-1), self._output(x, out)
         if self.size == 1:
             return out.copy_(flat).view_as(x)
-        pieces = self._pieces(flat.numel(), flat.element_size())
+        pieces = self.layout.pieces(flat.numel(), flat.element_size())
         rs, ag = self.kinds
         p, r = self.size, self.rank
 
@@ -79,14 +64,14 @@ class RingAllReduce(Strategy):
         # it (the mean of our segment reaches us only after our right neighbour added it in).
         # Every later send forwards a received buffer, updated in place: libzmq's own memory,
         # sent by reference, with nothing to copy or track.
-        self._send_all(rs, round, 0, flat, pieces[r])
+        self._send_all(rs, round, 0, flat, pieces[r], length)
         # Reduce-scatter: after step s this peer holds the partial sum of segment r-s-1 over
         # s+2 peers; the last step completes segment r+1, which this peer then owns.
         nonfinite = False
         for step in range(p - 1):
             seg = (r - step - 1) % p
             for j, (lo, hi) in enumerate(pieces[seg]):
-                msg = self._recv(rs, round, step, j, flat, hi - lo)
+                msg = self._recv(rs, round, step, j, flat, hi - lo, length)
                 part = msg.buffers[0]
                 part.add_(flat[lo:hi])
                 if step < p - 2:
@@ -99,25 +84,13 @@ class RingAllReduce(Strategy):
         for step in range(p - 1):
             seg = (r - step) % p
             for j, (lo, hi) in enumerate(pieces[seg]):
-                msg = self._recv(ag, round, step, j, flat, hi - lo)
+                msg = self._recv(ag, round, step, j, flat, hi - lo, length)
                 if step < p - 2:
                     self._forward(msg, ag, step + 1)
                 nonfinite |= self._keep(msg.buffers[0], out[lo:hi])
         if nonfinite:  # only now: raising earlier would leave the peers after us waiting
-            raise self._nonfinite(round)
+            raise self.layout.nonfinite(round)
         return out.view_as(x)
-
-    def _check_finite(self, result: torch.Tensor, round: int) -> torch.Tensor:
-        """``result``, unless it holds NaN or Inf: then a ProtocolError, so no peer trains on
-        it (every peer holds the same result, so every peer raises)."""
-        if has_nonfinite(result):
-            raise self._nonfinite(round)
-        return result
-
-    def _nonfinite(self, round: int) -> ProtocolError:
-        return ProtocolError(
-            f"rank {self.rank}: the all-reduced mean of round {round} holds NaN or Inf: "
-            f"some peer's input did (a diverged model?) or a message was corrupt")
 
     @staticmethod
     def _keep(part: torch.Tensor, dst: torch.Tensor) -> bool:
@@ -129,17 +102,9 @@ class RingAllReduce(Strategy):
         dst.copy_(part)
         return has_nonfinite(part)
 
-    def _pieces(self, numel: int, itemsize: int) -> list[list[tuple[int, int]]]:
-        """Per segment, the [lo, hi) ranges of its pieces; the same on every peer."""
-        per_piece = max(1, self.piece_bytes // itemsize)
-        bounds = [numel * i // self.size for i in range(self.size + 1)]
-        return [[(lo, min(lo + per_piece, hi)) for lo in range(bounds[i], hi, per_piece)]
-                or [(bounds[i], bounds[i])]
-                for i, hi in enumerate(bounds[1:])]
-
-    def _send_all(self, kind, round, step, flat, pieces) -> None:
+    def _send_all(self, kind, round, step, flat, pieces, length) -> None:
         for j, (lo, hi) in enumerate(pieces):
-            meta = {"n": flat.numel(), "s": step, "j": j}
+            meta = {"n": length, "s": step, "j": j}
             self.transport.send(self.right, Message(kind=kind, round=round, meta=meta,
                                                     buffers=(flat[lo:hi],)))
 
@@ -148,20 +113,11 @@ class RingAllReduce(Strategy):
         self.transport.send(self.right, Message(kind, msg.round, meta={**msg.meta, "s": step},
                                                 buffers=msg.buffers, wire=msg.wire))
 
-    def _recv(self, kind, round, step, piece, flat, length) -> Message:
+    def _recv(self, kind, round, step, piece, flat, numel, length) -> Message:
         msg = self.transport.recv(src=self.left, kind=kind, round=round)
-        self._check_meta(kind, round, msg.meta, flat.numel(), step, piece)
-        if self._expect(msg, length).dtype != flat.dtype:
+        self.layout.check_meta(kind, round, msg.meta, length, step, piece)
+        if self._expect(msg, numel).dtype != flat.dtype:
             raise ProtocolError(f"rank {self.rank}: peer {self.left} sent {kind} round {round} "
                                 f"as {msg.buffers[0].dtype}, expected {flat.dtype} — do all "
                                 f"peers synchronize tensors of the same dtype?")
         return msg
-
-    def _check_meta(self, kind, round, meta, numel, step, piece) -> None:
-        if meta.get("n") != numel or meta.get("s") != step or meta.get("j") != piece:
-            raise ProtocolError(
-                f"rank {self.rank}: peer {self.left} sent {kind} round {round} "
-                f"(n={meta.get('n')}, step={meta.get('s')}, piece={meta.get('j')}), expected "
-                f"(n={numel}, step={step}, piece={piece}) — do all peers synchronize tensors "
-                f"of the same length?"
-            )

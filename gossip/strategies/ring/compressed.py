@@ -17,20 +17,30 @@ from __future__ import annotations
 
 import torch
 
-from gossip.compress import Compressor, Payload
+from gossip.compress import Payload
 from gossip.errors import ConfigError, ProtocolError
-from gossip.strategies.allreduce import RingAllReduce
+from gossip.strategies.base import Strategy
+from gossip.strategies.ring.exact import RingAllReduce
+from gossip.strategies.ring.layout import RingLayout
+from gossip.strategies.ring.options import RingOptions
 from gossip.transport import Message
+from gossip.transport.codec import has_nonfinite
 
 
-class _RingWithCompressor(RingAllReduce):
-    """A ring all-reduce that owns a compressor, and with it the state a checkpoint keeps."""
+class _Compressing(Strategy):
+    """A ring all-reduce with a compressor, and with it the state a checkpoint keeps."""
 
-    def __init__(self, *, rank, topology, transport, compressor: Compressor,
-                 piece_bytes: int = 64 << 20, tag: str = "ring"):
-        super().__init__(rank=rank, topology=topology, transport=transport,
-                         piece_bytes=piece_bytes, tag=tag)
-        self.compressor = compressor
+    options_class = RingOptions
+    operates_on = "grads"
+    needs_every_peer = True
+    checks_own_result = True  # the result is checked once, every peer holding the same
+
+    def __init__(self, *, rank, topology, transport, options: RingOptions | None = None):
+        super().__init__(rank=rank, topology=topology, transport=transport, options=options)
+        if self.options.compressor is None:
+            raise ConfigError(f"{type(self).__name__} needs a compressor")
+        self.compressor = self.options.compressor
+        self.tag = self.options.tag
 
     def state_dict(self) -> dict:
         """The compressor's (error-feedback residuals, one per compression point)."""
@@ -40,23 +50,18 @@ class _RingWithCompressor(RingAllReduce):
         self.compressor.load_state_dict(state.get("compressor", {}))
 
 
-class CompressedRingAllReduce(_RingWithCompressor):
-    """Mean over all peers; every message is a payload of ``compressor``.
+class CompressedRingAllReduce(_Compressing):
+    """Mean over all peers; every message is a payload of a dense compressor (a cast or a
+    quantizer, optionally with wrappers); pieces count uncompressed bytes."""
 
-    Args:
-        compressor: A dense compressor (a cast or a quantizer, optionally with wrappers).
-        piece_bytes, tag: As for the exact ring all-reduce (pieces count uncompressed bytes).
-    """
+    def __init__(self, *, rank, topology, transport, options: RingOptions | None = None):
+        super().__init__(rank=rank, topology=topology, transport=transport, options=options)
+        self.layout = RingLayout(rank, self.size, self.options.piece_bytes)
+        self.right, self.left = self.layout.right, self.layout.left
 
-    def __init__(self, *, rank, topology, transport, compressor: Compressor,
-                 piece_bytes: int = 64 << 20, tag: str = "ring"):
-        if compressor.sparse:
-            raise ConfigError(
-                f"ring-allreduce cannot carry the sparsifier {compressor.name!r}: its sparse sets "
-                f"differ between peers and grow as they are summed around the ring; use "
-                f"topk-allgather, gtopk or spardl (option density=...) for sparse all-reduce")
-        super().__init__(rank=rank, topology=topology, transport=transport,
-                         compressor=compressor, piece_bytes=piece_bytes, tag=tag)
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (f"{self.tag}.rs", f"{self.tag}.ag")
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,7 +70,7 @@ class CompressedRingAllReduce(_RingWithCompressor):
         flat, out = x.reshape(-1), self._output(x, out)
         if self.size == 1:  # nothing to send: the mean is exact
             return out.copy_(flat).view_as(x)
-        pieces = self._pieces(flat.numel(), flat.element_size())
+        pieces = self.layout.pieces(flat.numel(), flat.element_size())
         rs, ag = self.kinds
         p, r, n = self.size, self.rank, flat.numel()
         # Payloads are fresh tensors, so ``out`` (even aliasing ``x``) is ours to overwrite.
@@ -93,7 +98,9 @@ class CompressedRingAllReduce(_RingWithCompressor):
                 self._decode_into(payload, out[lo:hi])
                 if step < p - 2:
                     self._send_payload(ag, round, step + 1, j, n, payload)
-        return self._check_finite(out, round).view_as(x)
+        if has_nonfinite(out):  # every peer holds the same result, so every peer raises
+            raise self.layout.nonfinite(round)
+        return out.view_as(x)
 
     def _compress(self, values: torch.Tensor, kind: str, step: int, piece: int,
                   round: int) -> Payload:
@@ -113,7 +120,7 @@ class CompressedRingAllReduce(_RingWithCompressor):
     def _recv_payload(self, kind, round, step, piece, numel, length) -> Payload:
         msg = self.transport.recv(src=self.left, kind=kind, round=round)
         meta = msg.meta
-        self._check_meta(kind, round, meta, numel, step, piece)
+        self.layout.check_meta(kind, round, meta, numel, step, piece)
         payload = Payload(meta.get("q"), msg.buffers)
         q = payload.meta
         if not isinstance(q, dict) or q.get("n") != length:
@@ -123,14 +130,28 @@ class CompressedRingAllReduce(_RingWithCompressor):
         return payload
 
 
-class SharedRandomKRingAllReduce(_RingWithCompressor):
+class SharedRandomKRingAllReduce(_Compressing):
     """Mean of the same k random entries on every peer; the others come back as zeros.
 
     The random-k seed derives from (seed, tag, round), equal on all peers, so the k values
-    are at the same positions everywhere and the exact ring averages them: only 1/density
-    of the dense traffic, no indices on the wire. Error feedback (a wrapper of the
-    compressor) keeps what was not picked for the next rounds.
+    are at the same positions everywhere and the exact ring (a RingAllReduce this strategy
+    runs on them) averages them: only 1/density of the dense traffic, no indices on the
+    wire. Error feedback (a wrapper of the compressor) keeps what was not picked for the
+    next rounds.
     """
+
+    def __init__(self, *, rank, topology, transport, options: RingOptions | None = None):
+        super().__init__(rank=rank, topology=topology, transport=transport, options=options)
+        if self.compressor.name != "randomk":
+            raise ConfigError(f"{type(self).__name__} shares random-k indices; got "
+                              f"{self.compressor.name!r}")
+        self.ring = RingAllReduce(rank=rank, topology=topology, transport=transport,
+                                  options=RingOptions(piece_bytes=self.options.piece_bytes,
+                                                      tag=self.tag))
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return self.ring.kinds
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,7 +160,8 @@ class SharedRandomKRingAllReduce(_RingWithCompressor):
         if len(payload.buffers) != 1:
             raise ConfigError(f"random-k payload with {len(payload.buffers)} buffers: "
                               f"expected the values alone")
-        mean = super().synchronize(payload.buffers[0], round)  # x was read: dest is free
+        # The peers must agree on x's length, not only on k: check it in every message.
+        mean = self.ring.reduce(payload.buffers[0], round, out=None, length=flat.numel())
         dest.zero_()
         self.compressor.add_to(Payload(payload.meta, (mean,)), dest)
         return dest.view_as(x)

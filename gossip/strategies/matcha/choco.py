@@ -20,42 +20,54 @@ from __future__ import annotations
 
 import torch
 
-from gossip.compress import Compressor, Payload
+from gossip.compress import Payload
 from gossip.errors import ConfigError, ProtocolError
 from gossip.strategies.base import Strategy
-from gossip.strategies.choco import default_gamma
-from gossip.strategies.matcha import Matcha
+from gossip.strategies.gossip.compression import default_gamma, shrink
+from gossip.strategies.matcha.options import MatchaOptions
+from gossip.strategies.matcha.schedule import MatchaSchedule
 from gossip.transport import Message
 
 
-class ChocoMatcha(Matcha):
-    """One MATCHA round whose messages are compressed differences to per-edge public copies.
+class ChocoMatcha(Strategy):
+    """One MATCHA round whose messages are compressed differences to per-edge public copies
+    (``matcha`` with a compressor, which compresses x_i - x̂_i^(j) once per active edge; its
+    key names the edge). A restarted peer cannot rejoin: the partners' replicas of its copies
+    have moved on."""
 
-    Args:
-        compressor: Compresses x_i - x̂_i^(j), once per active edge (its key names the edge).
-            Unbiased compressors are scaled by their quality, as in ChocoGossip.
-        gamma: Consensus step size in (0, 1]; default: ``default_gamma(compressor)``.
-        budget, seed, tag: As for Matcha.
-    """
+    options_class = MatchaOptions
+    operates_on = "params"
+    preserves_mean = True
 
-    def __init__(self, *, rank, topology, transport, compressor: Compressor,
-                 gamma: float | None = None, budget: float = 0.5, seed: int = 0,
-                 tag: str = "matcha"):
-        super().__init__(rank=rank, topology=topology, transport=transport, budget=budget,
-                         seed=seed, tag=tag)
-        if gamma is not None and not 0 < gamma <= 1:
-            raise ConfigError(f"gamma (CHOCO consensus step) must be in (0, 1], got {gamma}")
-        self.compressor = compressor
-        self.gamma = gamma
+    def __init__(self, *, rank, topology, transport, options: MatchaOptions | None = None):
+        super().__init__(rank=rank, topology=topology, transport=transport, options=options)
+        if self.options.compressor is None:
+            raise ConfigError("MATCHA with CHOCO differences needs a compressor")
+        self.tag = self.options.tag
+        self.schedule = MatchaSchedule(rank=rank, topology=topology, transport=transport,
+                                       budget=self.options.budget, seed=self.options.seed,
+                                       tag=self.tag)
+        self.plan = self.schedule.plan
+        self.compressor = self.options.compressor
+        self.gamma = self.options.gamma
         self.mine: dict[int, torch.Tensor] = {}  # j -> x̂_i^(j), our copy as j holds it
         self.theirs: dict[int, torch.Tensor] = {}  # j -> x̂_j^(i)
         self._tensor: tuple[int, torch.dtype] | None = None  # (numel, dtype) of every round
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (self.tag,)
+
+    @property
+    def dropped(self) -> dict[int, int]:
+        return self.schedule.dropped
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
         flat, dest = x.reshape(-1), self._output(x, out)
         self._check_like(flat)
-        partners = self._live_partners(round)
+        schedule = self.schedule
+        partners = schedule.live_partners(round)
         sent = []
         for j in partners:
             mine = self._copy(self.mine, j, flat)
@@ -66,7 +78,7 @@ class ChocoMatcha(Matcha):
             self._apply(payload, mine)  # exactly as j applies it to its replica
         step = torch.zeros_like(flat)
         for j in partners:  # matching order: deterministic floating-point sums
-            reply = self._recv_from(j, round)
+            reply = schedule.recv_from(j, round)
             if reply is None:  # j died: the edge is gone, and with it its contributions
                 continue
             theirs = self._copy(self.theirs, j, flat)
@@ -76,7 +88,7 @@ class ChocoMatcha(Matcha):
                 raise ProtocolError(f"rank {self.rank}: peer {j} sent a bad {self.tag} "
                                     f"payload in round {round}: {exc}") from None
             step.add_(theirs).sub_(self.mine[j])
-        self._await_sends(partners, sent, round)
+        schedule.await_sends(partners, sent, round)
         torch.add(flat, step, alpha=self.gamma * self.plan.alpha, out=dest)
         return dest.view_as(x)
 
@@ -85,8 +97,7 @@ class ChocoMatcha(Matcha):
             self._tensor = (flat.numel(), flat.dtype)
             if self.gamma is None:
                 self.gamma = default_gamma(self.compressor, flat.numel())
-            self._shrink = (self.compressor.quality(flat.numel()) if self.compressor.unbiased
-                            else 1.0)
+            self._shrink = shrink(self.compressor, flat.numel())
         elif self._tensor != (flat.numel(), flat.dtype):
             raise ConfigError(f"rank {self.rank}: CHOCO keeps public copies of one tensor of "
                               f"{self._tensor[0]} {self._tensor[1]}; got {flat.numel()} "
@@ -104,19 +115,16 @@ class ChocoMatcha(Matcha):
 
     def state_dict(self) -> dict:
         """Per-edge public copies, step size and dropped neighbours."""
-        return {**super().state_dict(), "mine": self.mine, "theirs": self.theirs,
-                "gamma": self.gamma}
+        return {"dropped": dict(self.schedule.dropped), "mine": self.mine,
+                "theirs": self.theirs, "gamma": self.gamma}
 
     def load_state_dict(self, state) -> None:
         """Restore ``state_dict``. Only a whole job restarted together can use it: in a
         running job the partners' replicas of our copies have moved on (``rejoin_round``
         refuses)."""
-        super().load_state_dict(state)
+        self.schedule.load_dropped(state.get("dropped", {}))
         self.mine, self.theirs = dict(state["mine"]), dict(state["theirs"])
         self.gamma = state["gamma"]
         for copy in self.mine.values():
             self._check_like(copy)
             break
-
-    def rejoin_round(self, rounds) -> int:
-        return Strategy.rejoin_round(self, rounds)  # refuses: see load_state_dict

@@ -14,32 +14,40 @@ from __future__ import annotations
 
 import torch
 
-from gossip.compress import Compressor, ErrorFeedback, MomentumCorrection, Payload
-from gossip.compress.wrappers import Clip, Wrapper
+from gossip.compress import Payload
 from gossip.errors import ConfigError, PeerGone, ProtocolError
-from gossip.strategies.base import MixingGossip
+from gossip.strategies.base import Strategy
+from gossip.strategies.gossip.compression import default_gamma, shrink
+from gossip.strategies.gossip.neighbourhood import Neighbourhood
+from gossip.strategies.gossip.options import DPSGDOptions
 from gossip.transport import Message
 
 
-class ChocoGossip(MixingGossip):
-    """One CHOCO-Gossip step with every neighbour of the (static) graph.
+class ChocoGossip(Strategy):
+    """One CHOCO-Gossip step with every neighbour of the (static) graph (``dpsgd`` with a
+    compressor, which compresses x_i - x̂_i; gamma: the consensus step, by default from the
+    compressor's quality)."""
 
-    Args:
-        compressor: Compresses x_i - x̂_i. Unbiased compressors are scaled by their quality
-            so that the update is contractive (choco.md); biased ones are applied as sent.
-        gamma: Consensus step size in (0, 1]; default: ``default_gamma(compressor)``.
-        tag: Message kind, distinct per instance sharing one transport.
-    """
+    options_class = DPSGDOptions
+    operates_on = "params"
+    preserves_mean = True
 
-    def __init__(self, *, rank, topology, transport, compressor: Compressor,
-                 gamma: float | None = None, tag: str = "choco"):
-        super().__init__(rank=rank, topology=topology, transport=transport, tag=tag)
-        if gamma is not None and not 0 < gamma <= 1:
-            raise ConfigError(f"gamma (CHOCO consensus step) must be in (0, 1], got {gamma}")
-        self.compressor = compressor
-        self.gamma = gamma
+    def __init__(self, *, rank, topology, transport, options: DPSGDOptions | None = None):
+        super().__init__(rank=rank, topology=topology, transport=transport, options=options)
+        if self.options.compressor is None:
+            raise ConfigError("CHOCO-Gossip needs a compressor")
+        self.tag = self.options.tag
+        mixing = Neighbourhood(topology, rank)
+        self.neighbors, self.self_weight, self.weights = (mixing.neighbors, mixing.self_weight,
+                                                          mixing.weights)
+        self.compressor = self.options.compressor
+        self.gamma = self.options.gamma
         self.public: torch.Tensor | None = None  # x̂_i
         self.mixed: torch.Tensor | None = None  # s_i = sum_j w_ij x̂_j
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (self.tag,)
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
@@ -78,8 +86,7 @@ class ChocoGossip(MixingGossip):
             self.mixed = torch.zeros_like(flat)
             if self.gamma is None:
                 self.gamma = default_gamma(self.compressor, flat.numel())
-            self._shrink = self.compressor.quality(flat.numel()) if self.compressor.unbiased \
-                else 1.0
+            self._shrink = shrink(self.compressor, flat.numel())
         elif self.public.shape != flat.shape or self.public.dtype != flat.dtype:
             raise ConfigError(f"rank {self.rank}: CHOCO keeps public copies of one tensor of "
                               f"{self.public.numel()} {self.public.dtype}; got {flat.numel()} "
@@ -98,31 +105,4 @@ class ChocoGossip(MixingGossip):
         ``rejoin_round`` refuses)."""
         self.public, self.mixed, self.gamma = state["public"], state["mixed"], state["gamma"]
         if self.public is not None:
-            numel = self.public.numel()
-            self._shrink = self.compressor.quality(numel) if self.compressor.unbiased else 1.0
-
-
-def check_choco_compressor(compressor: Compressor) -> None:
-    """CHOCO compresses model differences; gradient-only wrappers would corrupt them."""
-    layer = compressor
-    while isinstance(layer, Wrapper):
-        if isinstance(layer, (ErrorFeedback, MomentumCorrection)):
-            raise ConfigError("gossip with a compressor runs CHOCO, whose public copies already "
-                              "feed back what compression drops: drop error_feedback/momentum")
-        if isinstance(layer, Clip):
-            raise ConfigError("clip_norm clips gradients; CHOCO compresses model differences")
-        layer = layer.inner
-
-
-def default_gamma(compressor: Compressor, numel: int) -> float:
-    """A consensus step that converges out of the box (choco.md, tuned on our default task).
-
-    Biased sparsifiers keep the largest entries and tolerate twice their density; random-k
-    drops indiscriminately and needs half of it; quantizers are mild. (Sweeps on rings of 4
-    with 400 and 2000 values: top-1% converged fastest at 2x density, slower at 1x and 4x;
-    random-k at 0.3-0.5x, diverging at 1x for 5%; QSGD, TernGrad and sign at 0.2-1.)
-    """
-    omega = compressor.quality(numel)
-    if compressor.sparse:
-        return min(1.0, (0.5 if compressor.name == "randomk" else 2.0) * omega)
-    return min(1.0, max(omega, 0.4))
+            self._shrink = shrink(self.compressor, self.public.numel())

@@ -1,0 +1,16 @@
+"""Gossip on the topology's static graph: exact D-PSGD (dpsgd.py) and, with a compressor,
+CHOCO-Gossip (choco.py), sharing the neighbours' weights (neighbourhood.py)."""
+
+from gossip.strategies.base import STRATEGIES
+from gossip.strategies.gossip.choco import ChocoGossip
+from gossip.strategies.gossip.dpsgd import DPSGD
+from gossip.strategies.gossip.options import DPSGDOptions
+
+__all__ = ["DPSGD", "ChocoGossip", "DPSGDOptions"]
+
+
+@STRATEGIES.register("dpsgd", options=DPSGDOptions)
+def dpsgd(options: DPSGDOptions) -> type:
+    """D-PSGD on the topology's graph with Metropolis-Hastings weights; with a compressor,
+    CHOCO-Gossip."""
+    return DPSGD if options.compressor is None else ChocoGossip

@@ -1,0 +1,101 @@
+"""D-PSGD gossip: x_i <- sum_j W_ij x_j with Metropolis-Hastings weights of the topology."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from gossip.errors import PeerGone, RejoinError
+from gossip.strategies.base import Strategy
+from gossip.strategies.gossip.neighbourhood import Neighbourhood
+from gossip.strategies.gossip.options import DPSGDOptions
+from gossip.transport import Message
+
+
+class DPSGD(Strategy):
+    """One exact gossip round with every neighbour of the (static) graph.
+
+    A neighbour the transport declares dead is dropped for good and its weight moves onto
+    our own (see Neighbourhood).
+    """
+
+    options_class = DPSGDOptions
+    operates_on = "params"
+    preserves_mean = True
+    can_rejoin = True
+
+    def __init__(self, *, rank, topology, transport, options: DPSGDOptions | None = None):
+        super().__init__(rank=rank, topology=topology, transport=transport, options=options)
+        self.tag = self.options.tag
+        self.mixing = Neighbourhood(topology, rank)
+        transport.connect(self.mixing.neighbors)  # so a neighbour dying at once is noticed
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (self.tag,)
+
+    @property
+    def neighbors(self) -> tuple[int, ...]:
+        return self.mixing.neighbors
+
+    @property
+    def dropped(self) -> dict[int, int]:
+        return self.mixing.dropped
+
+    def synchronize(self, x: torch.Tensor, round: int, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        flat, dest = x.reshape(-1), self._output(x, out)
+        mixing = self.mixing
+        dead = self.transport.membership.firsthand()
+        for j in mixing.neighbors:
+            if j in dead:
+                mixing.drop(j, round)
+        neighbors = mixing.neighbors  # fixed for this round (drop() rebinds the attribute)
+        msg = Message(kind=self.tag, round=round, meta={"n": flat.numel()}, buffers=(flat,))
+        sent = {j: self.transport.send(j, msg, track=True) for j in neighbors}
+        # Our own value is still being read by the sockets: accumulate apart, unless out is new.
+        acc = dest if out is None else torch.empty_like(flat)
+        torch.mul(flat, mixing.self_weight, out=acc)
+        # Fixed neighbour order keeps the floating-point sum deterministic; early arrivals wait
+        # in the transport's buffer meanwhile.
+        for j in neighbors:
+            try:
+                reply = self.transport.recv(src=j, kind=self.tag, round=round)
+            except PeerGone as exc:
+                if exc.rank != j:
+                    raise
+                acc.add_(flat, alpha=mixing.drop(j, round))  # its weight is ours from now on
+                continue
+            acc.add_(self._expect(reply, flat.numel()), alpha=mixing.weights[j])
+        for j, delivery in sent.items():
+            if j in mixing.dropped:  # it will never read it
+                continue
+            try:
+                delivery.wait()
+            except PeerGone as exc:  # died after its message came: mixed in this round
+                if exc.rank != j:
+                    raise
+                mixing.drop(j, round)
+        if acc is not dest:
+            dest.copy_(acc)
+        return dest.view_as(x)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dropped": dict(self.mixing.dropped)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for j, round in dict(state.get("dropped", {})).items():
+            if int(j) in self.mixing.weights:
+                self.mixing.drop(int(j), int(round))
+
+    def rejoin_round(self, rounds: Mapping[int, int]) -> int:
+        """The earliest round a neighbour is at: it waits for our message of that round (its
+        neighbours ahead re-send what we missed; our duplicates for them are ignored)."""
+        at = [rounds[j] for j in self.mixing.neighbors if j in rounds]
+        if not at:
+            raise RejoinError(f"rank {self.rank}: no neighbour takes this peer back (they "
+                              f"dropped it as dead before it returned: give them a --dead-after "
+                              f"longer than a restart)")
+        return min(at)

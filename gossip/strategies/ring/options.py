@@ -1,0 +1,35 @@
+"""The ring all-reduce's options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gossip.compress import Compressor
+from gossip.errors import ConfigError
+from gossip.strategies.options import Options, at_least, option
+
+
+@dataclass(frozen=True)
+class RingOptions(Options):
+    """Options of ``ring-allreduce``."""
+
+    examples = ({}, {"piece_bytes": 256}, {"compressor": "fp16"},
+                {"compressor": "qsgd", "error_feedback": True},
+                {"compressor": "randomk", "density": 0.5})
+
+    piece_bytes: int = option(64 << 20, "largest message, in bytes of the input: smaller "
+                              "pieces pipeline, larger ones cost less per message",
+                              check=at_least(64))
+    tag: str = option("ring", "message kind prefix, distinct per instance on one transport")
+    compressor: Compressor | None = option(
+        None, "a cast or quantizer summed on the way round, or randomk with the same "
+              "indices on every peer (see `gossip compressors`)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        c = self.compressor
+        if c is not None and c.sparse and c.name != "randomk":
+            raise ConfigError(
+                f"ring-allreduce cannot carry the sparsifier {c.name!r}: its sparse sets "
+                f"differ between peers and grow as they are summed around the ring; use "
+                f"topk-allgather, gtopk or spardl (option density=...) for sparse all-reduce")

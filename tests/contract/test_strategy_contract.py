@@ -1,0 +1,155 @@
+"""The contract every registered strategy keeps, run over ``STRATEGIES.names()`` and each
+strategy's representative option sets (``Options.examples``): a strategy registered later is
+covered without editing this file. Real peers over real ZeroMQ sockets on loopback.
+
+What a strategy promises beyond the contract is a capability (``exact_mean``,
+``preserves_mean``), and is checked when it says so.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from gossip.errors import ConfigError, PeerTimeout, ProtocolError
+from gossip.peer import Peer
+from gossip.strategies import STRATEGIES
+from gossip.transport import LoopbackHub
+
+CASES = [pytest.param(name, dict(options), id=f"{name}-{json.dumps(options, sort_keys=True)}")
+         for name in STRATEGIES.names() for options in STRATEGIES.entry(name).options.examples]
+TIMEOUT = 5.0
+
+
+def rounds(run_peers, topology, name: str, options: dict, inputs: list[list[torch.Tensor]], *,
+           inplace: bool = True, hub: LoopbackHub | None = None) -> tuple[list, list]:
+    """Each peer synchronizes ``inputs[round][rank]`` (a copy) round after round; returns
+    the results ``[round][rank]`` and the peers' strategies."""
+    size = topology.size
+    results = [[None] * size for _ in inputs]
+    strategies = [None] * size
+    bound = threading.Barrier(size, timeout=TIMEOUT)
+
+    def main(rank: int) -> None:
+        transport = hub.transport(rank, timeout=TIMEOUT) if hub else None
+        with Peer(rank, topology, name, timeout=TIMEOUT, transport=transport,
+                  **options) as peer:
+            bound.wait()
+            for rnd, row in enumerate(inputs):
+                x = row[rank].clone()
+                y = peer.synchronize(x, rnd, out=x if inplace else None)
+                assert y.shape == x.shape and y.dtype == x.dtype
+                if inplace:
+                    assert y.data_ptr() == x.data_ptr(), "out=x did not write in place"
+                results[rnd][rank] = y.clone()
+            strategies[rank] = peer.strategy
+
+    run_peers(size, main, timeout=6 * TIMEOUT)
+    return results, strategies
+
+
+def data(size: int, numel: int, dtype: torch.dtype, n_rounds: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(numel, generator=g, dtype=torch.float64).to(dtype)
+             for _ in range(size)] for _ in range(n_rounds)]
+
+
+def check_capabilities(strategy, inputs, results, dtype) -> None:
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    for rnd, (row, out) in enumerate(zip(inputs, results)):
+        assert all(torch.isfinite(y).all() for y in out), f"round {rnd}: not finite"
+        if strategy.exact_mean:
+            mean = torch.stack(row).double().mean(0).to(dtype)
+            for y in out:
+                torch.testing.assert_close(y, mean, **tolerance)
+                assert torch.equal(y, out[0]), "peers disagree on the mean"
+        if strategy.preserves_mean and rnd == 0:  # later rounds mix the results, not inputs
+            torch.testing.assert_close(torch.stack(out).double().mean(0),
+                                       torch.stack(row).double().mean(0), **tolerance)
+
+
+@pytest.mark.parametrize("name, options", CASES)
+def test_one_peer_alone(name, options, local_topology, run_peers):
+    inputs = data(1, 6, torch.float32, 2)
+    results, (strategy,) = rounds(run_peers, local_topology("ring", 1), name, options, inputs)
+    check_capabilities(strategy, inputs, results, torch.float32)
+    if strategy.exact_mean or strategy.preserves_mean:  # the mean of one peer is its value
+        assert all(torch.equal(out[0], row[0]) for row, out in zip(inputs, results))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name, options", CASES)
+def test_odd_peers_two_rounds_in_place(name, options, dtype, local_topology, run_peers):
+    """Three peers, 11 values (not a multiple of 3), two rounds in a row, out= the input."""
+    inputs = data(3, 11, dtype, 2, seed=3)
+    results, strategies = rounds(run_peers, local_topology("ring", 3), name, options, inputs)
+    check_capabilities(strategies[0], inputs, results, dtype)
+
+
+@pytest.mark.parametrize("name, options", CASES)
+def test_a_tensor_shorter_than_the_peer_count(name, options, local_topology, run_peers):
+    inputs = data(5, 3, torch.float64, 2, seed=5)
+    results, strategies = rounds(run_peers, local_topology("ring", 5), name, options, inputs,
+                                 inplace=False)
+    check_capabilities(strategies[0], inputs, results, torch.float64)
+
+
+@pytest.mark.parametrize("name, options", CASES)
+def test_mismatched_lengths_are_a_clear_error_not_a_hang(name, options, local_topology,
+                                                        run_peers):
+    """Rank 0 synchronizes 7 values, the others 8: some peer says the lengths differ; every
+    peer ends (error or timeout) instead of hanging."""
+    topology = local_topology("ring", 3)
+    outcomes = [None] * 3
+
+    def main(rank: int) -> None:
+        try:
+            with Peer(rank, topology, name, timeout=1.0, **options) as peer:
+                for rnd in range(3):  # a gossip edge may be idle in one round
+                    peer.synchronize(torch.ones(7 if rank == 0 else 8), rnd)
+            outcomes[rank] = "finished"
+        except (ProtocolError, ConfigError, PeerTimeout) as exc:
+            outcomes[rank] = exc
+
+    run_peers(3, main, timeout=30)
+    clear = [o for o in outcomes if isinstance(o, (ProtocolError, ConfigError))]
+    assert clear, outcomes
+    assert any("length" in str(o) or "elements" in str(o) for o in clear), clear
+
+
+@pytest.mark.parametrize("name, options", CASES)
+def test_state_dict_round_trip(name, options, local_topology, run_peers):
+    """What a checkpoint keeps loads into a fresh instance and comes back out the same."""
+    topology = local_topology("ring", 3)
+    inputs = data(3, 9, torch.float64, 2, seed=7)
+    _, strategies = rounds(run_peers, topology, name, options, inputs, hub=LoopbackHub(3))
+    state = strategies[1].state_dict()
+    fresh_hub = LoopbackHub(3)
+    with Peer(1, topology, name, transport=fresh_hub.transport(1), **options) as peer:
+        peer.strategy.load_state_dict(state)
+        assert_same(peer.strategy.state_dict(), state)
+
+
+def assert_same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (a, b)
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b, (a, b)
+
+
+def test_every_strategy_documents_its_options_and_capabilities():
+    for row in STRATEGIES.describe():
+        assert row["doc"], f"{row['name']} has no docstring"
+        assert all(o["doc"] for o in row["options"]), f"{row['name']}: an option without doc"
+        assert row["capabilities"]["operates_on"] in ("grads", "params"), row
