@@ -41,17 +41,6 @@ class RunResult:
     seconds: float  # from setting up the virtual cluster until the last peer ended
 
 
-def run_config(config: TrainConfig, topology: Topology, ranks: Sequence[int], *,
-               cluster: VirtualCluster | None = None,
-               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What a run directory's config.yaml holds: the training config, topology and ranks,
-    then the ``extra`` entries (e.g. an experiment's run name), then the cluster's link rate.
-    `gossip peer --config` reads its ``train`` section back."""
-    netns = {"netns": {"rate": str(cluster.rate)}} if cluster else {}
-    return {"train": config.to_dict(), "topology": topology.to_dict(), "ranks": list(ranks),
-            **(extra or {}), **netns}
-
-
 def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
                rate: str | None = None, extra_config: Mapping[str, Any] | None = None,
                peer_args: Sequence[str] = (), progress: str | None = None,
@@ -59,13 +48,14 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
                on_death: Callable[[launch.Death], None] | None = None) -> RunResult:
     """Run ``config`` on the local ranks of ``topology`` and wait until every peer ended.
 
-    Writes ``run_dir/topology.yaml`` and ``run_dir/config.yaml`` (``run_config``), then starts
-    one `gossip peer` per rank, reading both, with ``peer_args`` after them.
+    Writes ``run_dir/topology.yaml`` and ``run_dir/config.yaml`` (the training config,
+    topology and ranks, then ``extra_config``, then the virtual cluster's link rate), then
+    starts one `gossip peer` per rank, reading both, with ``peer_args`` after them.
 
     Args:
         rate: Run every rank instead in a network namespace of its own, links capped at this
             rate (a ``VirtualCluster``, torn down once every peer has stopped).
-        extra_config: More config.yaml entries (after the ranks).
+        extra_config: More config.yaml entries (e.g. an experiment's run name).
         peer_args: More `gossip peer` flags (e.g. ``--resume``).
         progress: Label of a progress bar over every peer's rounds; None: no bar.
         on_ready: Called with the ``Placement`` once the run directory is written, before
@@ -100,14 +90,17 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
 
 def _place(config: TrainConfig, topology: Topology, run_dir: Path,
            cluster: VirtualCluster | None, extra: Mapping[str, Any] | None) -> Placement:
-    """The ranks to start here and the run directory's topology.yaml and config.yaml."""
+    """The ranks to start here and the run directory's topology.yaml and config.yaml (whose
+    ``train`` section `gossip peer --config` reads back)."""
     if cluster:
         topology = cluster.relocate(topology)
     ranks = list(range(topology.size)) if cluster else launch.local_ranks(topology)
     run_dir.mkdir(parents=True, exist_ok=True)
     topology.to_yaml(run_dir / "topology.yaml")
+    netns = {"netns": {"rate": str(cluster.rate)}} if cluster else {}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(
-        run_config(config, topology, ranks, cluster=cluster, extra=extra), sort_keys=False))
+        {"train": config.to_dict(), "topology": topology.to_dict(), "ranks": ranks,
+         **(extra or {}), **netns}, sort_keys=False))
     return Placement(run_dir, topology, ranks, cluster)
 
 

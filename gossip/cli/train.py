@@ -230,7 +230,7 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
         if placement.cluster:
             click.echo(placement.cluster.describe())
         click.echo(f"{len(placement.ranks)} peers, {placement.topology.name or 'topology'}, "
-                   f"strategy {config.strategy}, {config.rounds} rounds -> {run_dir}")
+                   f"strategy {config.strategy}, {config.rounds} rounds -> {placement.run_dir}")
 
     try:
         result = launch_run(config, topology, run_dir, rate=(rate or "1gbit") if netns else None,
