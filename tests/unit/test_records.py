@@ -37,8 +37,9 @@ def test_optional_fields_appear_only_when_set():
     assert list(record(lost_work=True).as_dict()) == SCHEMA + ["lost_work"]
 
 
-@pytest.mark.parametrize("changes", [{}, {"resumed_from": 7}, {"consensus": None,
-                                                               "avg_accuracy": None}])
+@pytest.mark.parametrize("changes", [{}, {"resumed_from": 7},
+                                     {"consensus": None, "avg_accuracy": None}],
+                         ids=["measured", "resumed", "not-measured"])
 def test_a_line_read_back_is_the_same_record(tmp_path, changes):
     original = record(**changes)
     with MetricsWriter(tmp_path / "peer-0.jsonl") as metrics:

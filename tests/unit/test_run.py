@@ -24,11 +24,12 @@ CONFIG = TrainConfig(rounds=2, batch_size=16)
 
 
 class FakePeers:
-    """Stands in for ``launch.start_peers`` and ``launch.watch``; remembers the calls."""
+    """Stands in for ``launch.start_peers`` and ``launch.watch``; remembers the calls and
+    reports ``deaths`` as the watch's."""
 
-    def __init__(self, deaths=()):
-        self.started: list[tuple[list[int], list[str]]] = []
-        self.deaths = list(deaths)
+    def __init__(self):
+        self.started: list[tuple[list[int], list[str], list[list[str]]]] = []  # ranks, args, argv
+        self.deaths: list[launch.Death] = []
         self.events: list[str] = []
 
     def start_peers(self, ranks, run_dir, extra_args, *, wrap=None):
@@ -123,11 +124,9 @@ def test_extra_entries_come_after_the_ranks_and_the_link_rate_last(tmp_path, pee
                                                           ["netns", "2"]]
 
 
-def test_deaths_are_reported_and_returned(tmp_path, monkeypatch):
+def test_deaths_are_reported_and_returned(tmp_path, peers):
     death = launch.Death(rank=2, code=-9, rounds=1, last_line="")
-    fake = FakePeers(deaths=[death])
-    monkeypatch.setattr(launch, "start_peers", fake.start_peers)
-    monkeypatch.setattr(launch, "watch", fake.watch)
+    peers.deaths = [death]
     reported = []
     result = launch_run(CONFIG, topology(), tmp_path, progress="dpsgd",
                         on_death=reported.append)
