@@ -15,7 +15,7 @@ from gossip.strategies import EXACT_MEAN
 from gossip.tasks import Task, evaluate
 
 PROBE_TAG = "probe"  # the probe's message kinds start with "probe."
-log = logging.getLogger("gossip.training")
+log = logging.getLogger("gossip.training")  # part of the training's log, as it always was
 
 
 class ConsensusProbe:
