@@ -204,12 +204,9 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
 
     With no arguments: the demo, 4 peers on a ring training the digits MLP with dpsgd.
     """
-    import contextlib
-
-    from tqdm import tqdm
-
-    from gossip import launch as launcher
+    from gossip.launch import LaunchFailed
     from gossip.netutil import free_ports
+    from gossip.run import launch_run
     from gossip.topology import Topology
 
     config = _train_config(config_path, strategy_options, **flags)
@@ -220,45 +217,29 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
     if key_dir:
         topology = topology.with_keys(key_dir)
     config.delays.check_ranks(topology.size)
-    cluster = None
-    if netns:
-        from gossip.cluster import VirtualCluster
-
-        cluster = VirtualCluster(topology.size, rate=rate or "1gbit")
-    elif rate is not None:
+    if rate is not None and not netns:
         raise ConfigError("--rate: only with --netns (local peers share an uncapped loopback)")
-    # The namespaces live until every peer has stopped, however the run ends.
-    with cluster or contextlib.nullcontext():
-        if cluster:
-            click.echo(cluster.describe())
-            topology = cluster.relocate(topology)
-        ranks = list(range(topology.size)) if cluster else launcher.local_ranks(topology)
-        run_dir = Path(run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.strategy}")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        topology.to_yaml(run_dir / "topology.yaml")
-        netns_info = {"netns": {"rate": str(cluster.rate)}} if cluster else {}
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(
-            {"train": config.to_dict(), "topology": topology.to_dict(), "ranks": ranks,
-             **netns_info}, sort_keys=False))
-        click.echo(f"{len(ranks)} peers, {topology.name or 'topology'}, strategy "
-                   f"{config.strategy}, {config.rounds} rounds -> {run_dir}")
-        extra = ["--topology", str(run_dir / "topology.yaml"),
-                 "--config", str(run_dir / "config.yaml")]
-        if checkpoint_dir:
-            extra += ["--checkpoint-dir", str(Path(checkpoint_dir).absolute())]
-        if resume:
-            extra.append("--resume")
-        procs = launcher.start_peers(ranks, run_dir, extra,
-                                     wrap=cluster.command if cluster else None)
-        with tqdm(total=config.rounds * len(ranks), unit="round", desc=config.strategy) as bar:
-            try:
-                deaths = launcher.watch(
-                    procs, on_progress=lambda done: bar.update(done - bar.n),
-                    on_death=lambda death: bar.write(f"{death.describe()}; the others go on"))
-            except launcher.LaunchFailed as exc:
-                bar.close()
-                raise GossipError(f"{exc}; logs in {run_dir}") from None
-    click.echo(_summary(run_dir, ranks, deaths))
+    run_dir = Path(run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.strategy}")
+    peer_args = []
+    if checkpoint_dir:
+        peer_args += ["--checkpoint-dir", str(Path(checkpoint_dir).absolute())]
+    if resume:
+        peer_args.append("--resume")
+
+    def announce(placement):
+        if placement.cluster:
+            click.echo(placement.cluster.describe())
+        click.echo(f"{len(placement.ranks)} peers, {placement.topology.name or 'topology'}, "
+                   f"strategy {config.strategy}, {config.rounds} rounds -> {placement.run_dir}")
+
+    try:
+        result = launch_run(config, topology, run_dir, rate=(rate or "1gbit") if netns else None,
+                            peer_args=peer_args, progress=config.strategy, on_ready=announce,
+                            on_death=lambda death: click.echo(
+                                f"{death.describe()}; the others go on"))
+    except LaunchFailed as exc:
+        raise GossipError(f"{exc}; logs in {run_dir}") from None
+    click.echo(_summary(run_dir, result.ranks, result.deaths))
     click.echo(f"run directory: {run_dir}")
 
 

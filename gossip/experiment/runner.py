@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
-from gossip import launch as launcher
 from gossip.errors import ConfigError, GossipError
 from gossip.experiment.spec import Experiment, Run
+from gossip.launch import LaunchFailed
 from gossip.netutil import free_ports
 
 
@@ -48,8 +47,8 @@ def run_experiment(experiment: Experiment, out: Path, *, only: tuple[str, ...] =
         if only and run.name not in only:
             continue
         try:
-            seconds = launch_run(run, out / run.name, echo=echo, progress=progress)
-        except (launcher.LaunchFailed, GossipError) as exc:  # e.g. no netns without root
+            seconds = _launch(run, out / run.name, progress=progress)
+        except (LaunchFailed, GossipError) as exc:  # e.g. no netns without root
             echo(f"run {run.name} failed: {exc}; logs in {out / run.name}")
             failed.append(run.name)
         else:
@@ -57,44 +56,23 @@ def run_experiment(experiment: Experiment, out: Path, *, only: tuple[str, ...] =
     return failed
 
 
-def launch_run(run: Run, run_dir: Path, *, echo: Callable[[str], None] = print,
-               progress: bool = True) -> float:
+def _launch(run: Run, run_dir: Path, *, progress: bool) -> float:
     """Start the run's peers (in a virtual cluster when it has a rate), show one progress
     bar, wait for all; returns the seconds it took.
 
     Raises:
         LaunchFailed: a peer exited non-zero (the others were stopped).
     """
-    from tqdm import tqdm
+    from gossip.cluster import parse_rate
+    from gossip.run import launch_run
 
-    topology = _topology(run)
-    cluster = None
-    if run.rate is not None:
-        from gossip.cluster import VirtualCluster
-
-        cluster = VirtualCluster(topology.size, rate=run.rate)
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob("peer-*.jsonl"):  # a re-run must not mix with old records
         stale.unlink()
-    start = time.monotonic()
-    with cluster or contextlib.nullcontext():
-        if cluster:
-            topology = cluster.relocate(topology)
-        ranks = list(range(topology.size)) if cluster else launcher.local_ranks(topology)
-        topology.to_yaml(run_dir / "topology.yaml")
-        netns = {"netns": {"rate": str(cluster.rate)}} if cluster else {}
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(
-            {"train": run.config.to_dict(), "topology": topology.to_dict(), "ranks": ranks,
-             "run": run.name, **netns}, sort_keys=False))
-        procs = launcher.start_peers(ranks, run_dir,
-                                     ["--topology", str(run_dir / "topology.yaml"),
-                                      "--config", str(run_dir / "config.yaml")],
-                                     wrap=cluster.command if cluster else None)
-        label = run.name + (f" @{cluster.rate}" if cluster else "")
-        with tqdm(total=run.config.rounds * len(ranks), unit="round", desc=label,
-                  disable=not progress) as bar:
-            launcher.watch(procs, on_progress=lambda done: bar.update(done - bar.n))
-    return time.monotonic() - start
+    label = run.name + (f" @{parse_rate(run.rate)}" if run.rate is not None else "")
+    result = launch_run(run.config, _topology(run), run_dir, rate=run.rate,
+                        extra_config={"run": run.name}, progress=label if progress else None)
+    return result.seconds
 
 
 def _topology(run: Run):

@@ -1,0 +1,65 @@
+"""The consensus probe: how far apart the peers' models are, measured exactly by an
+all-reduce of its own whose bytes the training's byte counts leave out."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from gossip.errors import CollectiveAborted, PeerGone
+from gossip.peer import Peer
+from gossip.strategies import EXACT_MEAN
+from gossip.tasks import Task, evaluate
+
+PROBE_TAG = "probe"  # the probe's message kinds start with "probe."
+log = logging.getLogger("gossip.training")  # part of the training's log, as it always was
+
+
+class ConsensusProbe:
+    """Measures the peers' consensus with an exact-mean strategy added to ``peer``."""
+
+    def __init__(self, peer: Peer, task: Task):
+        self.peer, self.task = peer, task
+        self.strategy = peer.add_strategy(EXACT_MEAN, tag=PROBE_TAG)
+
+    def measure(self, model: torch.nn.Module, round: int) -> tuple[float | None, float | None]:
+        """The consensus distance and the average model's test accuracy, or (None, None)
+        when the probe cannot run: it is an all-reduce over every peer, so a lost peer (or a
+        rejoin under way) ends it, and training goes on."""
+        if not self.peer.all_peers_can_meet(round):
+            return None, None
+        try:
+            return self._measure(model, round)
+        except (PeerGone, CollectiveAborted) as exc:
+            log.info("rank %d: no consensus probe in round %d: %s", self.peer.rank, round, exc)
+            return None, None
+
+    @torch.no_grad()
+    def _measure(self, model: torch.nn.Module, round: int) -> tuple[float, float]:
+        """Mean squared distance of the peers' parameters to their average, and the average
+        model's test accuracy, from one all-reduce of [params, ||params||^2] in float64."""
+        params = [p for p in model.parameters()]
+        x = parameters_to_vector(params).double()
+        with self.peer.communicating():
+            mean = self.strategy.synchronize(torch.cat([x, x.dot(x).reshape(1)]), round)
+        avg, mean_sq = mean[:-1], mean[-1].item()
+        distance = max(mean_sq - avg.dot(avg).item(), 0.0)
+        own = parameters_to_vector(params).clone()
+        vector_to_parameters(avg.to(own.dtype), params)
+        _, avg_accuracy = evaluate(model, self.task.test, self.task.loss_fn)
+        vector_to_parameters(own, params)
+        return distance, avg_accuracy
+
+
+def algorithm_bytes(stats: dict[str, Any]) -> tuple[int, int]:
+    """Bytes sent and received so far (``Peer.stats``), without the consensus probe's: it
+    measures the run, it is not part of the algorithm. Counted per kind by the transport, so
+    a probe message that arrives before this peer's own probe (from a faster peer) is still
+    left out."""
+    probe = [counts for kind, counts in stats["by_kind"].items()
+             if kind.startswith(f"{PROBE_TAG}.")]
+    return (stats["bytes_sent"] - sum(c["bytes_sent"] for c in probe),
+            stats["bytes_recv"] - sum(c["bytes_recv"] for c in probe))

@@ -1,0 +1,112 @@
+"""The metrics schema: one ``Record`` per round and peer, one line of ``peer-R.jsonl``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one peer did in one round. The fields, in this order, are the keys of its JSONL
+    line; ``resumed_from`` and ``lost_work`` are written only when set.
+
+    Attributes:
+        round: The round.
+        time: Seconds since this peer's process started training.
+        wall: Unix time.
+        loss: Mean training loss of the finished mini-batches; NaN (null in the file) if none.
+        accuracy: Test accuracy of this peer's model.
+        bytes_sent: Bytes this peer's algorithm sent so far (header + frames, every round;
+            the consensus probe's left out).
+        bytes_recv: Bytes it received so far, likewise.
+        compute_s: Seconds computing mini-batches, injected delays included.
+        delay_s: Seconds of injected delay among them.
+        comm_s: Seconds of the synchronized step.
+        wait_s: Seconds of it spent waiting for messages.
+        minibatches: Mini-batches finished (fewer than configured when ``nonblocking``
+            stopped this peer early).
+        samples: Training samples of those mini-batches.
+        consensus: Every ``eval_every`` rounds and in the last one: the mean squared
+            distance of the peers' models to their average; None otherwise, and once a
+            peer is lost (the probe is an all-reduce over every peer).
+        avg_accuracy: Test accuracy of that average model, when ``consensus`` is measured.
+        lost_peers: Every peer lost so far, ``{rank: round this peer noticed it in}``.
+        resumed_from: On the first record after a restart: the checkpoint's round.
+        lost_work: A round the killed process did but never recorded: its neighbours mixed
+            its messages, but its loss, accuracy and timings died with it (None).
+    """
+
+    round: int
+    time: float
+    wall: float
+    loss: float | None
+    accuracy: float | None
+    bytes_sent: int
+    bytes_recv: int
+    compute_s: float | None
+    delay_s: float | None
+    comm_s: float | None
+    wait_s: float | None
+    minibatches: int
+    samples: int
+    consensus: float | None = None
+    avg_accuracy: float | None = None
+    lost_peers: Mapping[int, int] = field(default_factory=dict)
+    resumed_from: int | None = None
+    lost_work: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSONL line (``MetricsWriter.write`` turns NaN into null)."""
+        line = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.resumed_from is None:
+            del line["resumed_from"]
+        if not self.lost_work:
+            del line["lost_work"]
+        return line
+
+    @classmethod
+    def from_dict(cls, line: Mapping[str, Any]) -> Record:
+        """A record read back from its JSONL line (where ``lost_peers`` has string keys).
+
+        Raises:
+            TypeError: a key is not a field, or a field without default is missing.
+        """
+        lost = {int(rank): round for rank, round in (line.get("lost_peers") or {}).items()}
+        return cls(**{**line, "lost_peers": lost})
+
+    @classmethod
+    def of_lost_work(cls, round: int, *, previous: Mapping[str, Any],
+                     bytes_counted: tuple[int, int], lost_peers: Mapping[int, int],
+                     wall: float) -> Record:
+        """The line of a round whose work died with the killed process: loss, accuracy and
+        timings unknown; time, wall and bytes those of the ``previous`` line (bytes: the
+        checkpoint's ``bytes_counted``, wall: ``wall``, when there is none)."""
+        return cls(round=round, time=previous.get("time", 0.0),
+                   wall=previous.get("wall", wall), loss=None, accuracy=None,
+                   bytes_sent=previous.get("bytes_sent", bytes_counted[0]),
+                   bytes_recv=previous.get("bytes_recv", bytes_counted[1]),
+                   compute_s=None, delay_s=None, comm_s=None, wait_s=None, minibatches=0,
+                   samples=0, lost_peers=lost_peers, lost_work=True)
+
+
+def lines_before(first_round: int, history: list[Mapping[str, Any]], *,
+                 bytes_counted: tuple[int, int], lost_peers: Mapping[int, int],
+                 wall: float) -> list[Mapping[str, Any]]:
+    """The lines a restarted peer writes again for the rounds before ``first_round``, the
+    one it rejoined at: the killed process's own (``history``, as read back), or a
+    ``lost_work`` line where it had none. Such a round did happen for the neighbours (they
+    mixed this peer's message of it), so the file keeps one line per round."""
+    recorded = {old["round"]: old for old in history
+                if isinstance(old.get("round"), int) and old["round"] < first_round}
+    out: list[Mapping[str, Any]] = []
+    for rnd in range(first_round):
+        if rnd in recorded:
+            out.append(recorded[rnd])
+        else:
+            out.append(Record.of_lost_work(rnd, previous=out[-1] if out else {},
+                                           bytes_counted=bytes_counted, lost_peers=lost_peers,
+                                           wall=wall).as_dict())
+    return out

@@ -1,0 +1,171 @@
+"""The run launcher shared by `gossip launch` and `gossip experiment run`: what it writes in
+the run directory, what it starts, what it reports. Peers are faked (no process starts):
+each fake peer writes one record, as a finished peer would."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from gossip import launch
+from gossip import run as run_module
+from gossip.cli import main
+from gossip.cluster import parse_rate
+from gossip.config import TrainConfig
+from gossip.errors import ConfigError
+from gossip.experiment import load_experiment, run_experiment
+from gossip.metrics import MetricsWriter
+from gossip.records import Record
+from gossip.run import launch_run
+from gossip.topology import Topology
+
+CONFIG = TrainConfig(rounds=2, batch_size=16)
+
+
+class FakePeers:
+    """Stands in for ``launch.start_peers`` and ``launch.watch``; remembers the calls and
+    reports ``deaths`` as the watch's."""
+
+    def __init__(self):
+        self.started: list[tuple[list[int], list[str], list[list[str]]]] = []  # ranks, args, argv
+        self.deaths: list[launch.Death] = []
+        self.events: list[str] = []
+
+    def start_peers(self, ranks, run_dir, extra_args, *, wrap=None):
+        self.events.append("start")
+        argv = [wrap(r, ["gossip", "peer"]) if wrap else ["gossip", "peer"] for r in ranks]
+        self.started.append((list(ranks), list(extra_args), argv))
+        for rank in ranks:
+            with MetricsWriter(run_dir / f"peer-{rank}.jsonl") as metrics:
+                metrics.write(Record(round=0, time=0.1, wall=0.0, loss=0.5, accuracy=0.9,
+                                     bytes_sent=10, bytes_recv=10, compute_s=0.0,
+                                     delay_s=0.0, comm_s=0.0, wait_s=0.0, minibatches=1,
+                                     samples=16, consensus=0.0, avg_accuracy=0.9).as_dict())
+        return list(ranks)
+
+    def watch(self, procs, on_progress, on_death=None):
+        on_progress(len(procs))
+        for death in self.deaths:
+            on_death(death)
+        return self.deaths
+
+
+@pytest.fixture
+def peers(monkeypatch) -> FakePeers:
+    fake = FakePeers()
+    monkeypatch.setattr(launch, "start_peers", fake.start_peers)
+    monkeypatch.setattr(launch, "watch", fake.watch)
+    return fake
+
+
+class FakeCluster:
+    """A virtual cluster without namespaces: rank r at 10.9.0.(r+1)."""
+
+    def __init__(self, size, *, rate):
+        self.size, self.rate, self.open = size, parse_rate(rate), False
+
+    def __enter__(self):
+        self.open = True
+        return self
+
+    def __exit__(self, *exc):
+        self.open = False
+
+    def relocate(self, topology):
+        data = topology.to_dict()
+        return Topology.from_dict({**data, "peers": [
+            {**peer, "host": f"10.9.0.{peer['rank'] + 1}"} for peer in data["peers"]]})
+
+    def command(self, rank, argv):
+        assert self.open, "a peer started outside the cluster's lifetime"
+        return ["netns", str(rank), *argv]
+
+    def describe(self):
+        return f"fake cluster, {self.rate} per link each way"
+
+
+def topology(size: int = 3) -> Topology:
+    return Topology.generate("ring", size, host="127.0.0.1", base_port=47000)
+
+
+def test_the_run_directory_holds_topology_and_config(tmp_path, peers):
+    ready = []
+    result = launch_run(CONFIG, topology(), tmp_path / "run", peer_args=["--resume"],
+                        on_ready=lambda placement: (ready.append(placement),
+                                                    peers.events.append("ready")))
+    run_dir = tmp_path / "run"
+    assert Topology.from_yaml(run_dir / "topology.yaml").to_dict() == topology().to_dict()
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert list(config) == ["train", "topology", "ranks"]
+    assert TrainConfig.from_dict(config["train"]) == CONFIG
+    assert config["topology"] == topology().to_dict() and config["ranks"] == [0, 1, 2]
+    # Every peer reads both files, then the extra flags.
+    assert peers.started[0][1] == ["--topology", str(run_dir / "topology.yaml"),
+                                   "--config", str(run_dir / "config.yaml"), "--resume"]
+    assert peers.events == ["ready", "start"]  # announced with its directory written
+    assert ready[0].run_dir == run_dir and ready[0].cluster is None
+    assert (result.run_dir, result.ranks, result.deaths) == (run_dir, [0, 1, 2], [])
+    assert result.seconds >= 0
+
+
+def test_extra_entries_come_after_the_ranks_and_the_link_rate_last(tmp_path, peers,
+                                                                   monkeypatch):
+    monkeypatch.setattr(run_module, "VirtualCluster", FakeCluster)
+    result = launch_run(CONFIG, topology(), tmp_path, rate="100mbit",
+                        extra_config={"run": "fast"})
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert list(config) == ["train", "topology", "ranks", "run", "netns"]
+    assert config["run"] == "fast" and config["netns"] == {"rate": "100mbit"}
+    assert [p["host"] for p in config["topology"]["peers"]] == ["10.9.0.1", "10.9.0.2",
+                                                                "10.9.0.3"]
+    assert result.ranks == [0, 1, 2]
+    assert [argv[:2] for argv in peers.started[0][2]] == [["netns", "0"], ["netns", "1"],
+                                                          ["netns", "2"]]
+
+
+def test_deaths_are_reported_and_returned(tmp_path, peers):
+    death = launch.Death(rank=2, code=-9, rounds=1, last_line="")
+    peers.deaths = [death]
+    reported = []
+    result = launch_run(CONFIG, topology(), tmp_path, progress="dpsgd",
+                        on_death=reported.append)
+    assert reported == result.deaths == [death]
+
+
+def test_no_local_rank_is_one_config_error_and_nothing_starts(tmp_path, peers):
+    remote = Topology.generate("ring", 2, host="192.0.2.1")
+    with pytest.raises(ConfigError, match="no peer of the topology runs on this machine"):
+        launch_run(CONFIG, remote, tmp_path)
+    assert peers.started == []
+
+
+def test_launch_and_an_experiment_run_write_the_same_config_layout(tmp_path, peers):
+    cli = CliRunner().invoke(main, ["launch", "--peers", "3", "--rounds", "2",
+                                    "--batch-size", "16", "--run-dir",
+                                    str(tmp_path / "launch")])
+    assert cli.exit_code == 0, cli.output
+    assert f"3 peers, ring-3, strategy dpsgd, 2 rounds -> {tmp_path / 'launch'}" in cli.output
+    assert cli.output.rstrip().endswith(f"run directory: {tmp_path / 'launch'}")
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump({
+        "name": "same", "peers": 3, "graph": "ring",
+        "train": {"rounds": 2, "batch_size": 16}, "runs": [{"name": "one"}]}))
+    assert run_experiment(load_experiment(tmp_path / "exp.yaml"), tmp_path / "exp",
+                          echo=lambda line: None, progress=False) == []
+
+    launched = yaml.safe_load((tmp_path / "launch" / "config.yaml").read_text())
+    experiment = yaml.safe_load((tmp_path / "exp" / "one" / "config.yaml").read_text())
+    assert list(experiment) == list(launched) + ["run"] and experiment["run"] == "one"
+    assert launched["train"] == experiment["train"]  # same settings, resolved the same way
+    assert _portless(launched["topology"]) == _portless(experiment["topology"])
+    assert launched["ranks"] == experiment["ranks"]
+    # Both runs started their peers the same way.
+    (_, launch_args, _), (_, run_args, _) = peers.started
+    assert [arg.replace(str(tmp_path / "launch"), "DIR") for arg in launch_args] == [
+        arg.replace(str(tmp_path / "exp" / "one"), "DIR") for arg in run_args]
+
+
+def _portless(topology: dict) -> dict:
+    """The topology without its ports (free ones, found anew for each run)."""
+    return {**topology, "peers": [{k: v for k, v in peer.items() if k != "port"}
+                                  for peer in topology["peers"]]}
