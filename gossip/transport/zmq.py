@@ -76,7 +76,7 @@ class ZmqTransport(Transport):
     def __init__(self, rank: int, endpoints: Sequence[str], *, local_ipc: bool = True,
                  shared_memory: bool = True, keys: CurveKeys | None = None,
                  dead_after: float = DEAD_AFTER_S, **kwargs):
-        super().__init__(rank, **kwargs)
+        super().__init__(rank, size=len(endpoints), **kwargs)
         if not dead_after > 0:
             raise TransportError(f"dead_after must be > 0 seconds, got {dead_after!r}")
         self.use_ipc = local_ipc
@@ -86,7 +86,6 @@ class ZmqTransport(Transport):
             raise TransportError(f"rank {rank}: CURVE keys are for rank {keys.rank} of "
                                  f"{len(keys.peers)} peers, not rank {rank} of {len(endpoints)}")
         self.endpoints = list(endpoints)
-        self.size = len(endpoints)
         self.keys = keys
         self._ctx: zmq.Context | None = None
         self._pull: zmq.Socket | None = None
@@ -234,8 +233,7 @@ class ZmqTransport(Transport):
     def _send_own(self, dst: int, kind: str, meta: dict) -> None:
         """Send one of ``own_kinds`` (no tensors, not kept for a rejoin)."""
         header, _ = codec.encode(Message(kind=kind, round=-1, meta=meta), self.rank)
-        self._send_frames(dst, header, [])
-        self.stats.sent(kind, len(header))
+        self._send_encoded(dst, kind, header, [])
 
     def _validate_internal(self, msg: Message) -> None:
         shm.validate(msg)
