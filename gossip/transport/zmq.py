@@ -24,6 +24,7 @@ from gossip.transport.endpoints import bind_address, local_ipc
 from gossip.transport.memory import keep_freed_buffers
 from gossip.transport.message import Message
 from gossip.transport.monitor import ConnectionWatch, LinkWatch
+from gossip.transport.shm_segments import is_envelope
 from gossip.transport.sockets import CURVE_FRAME_OVERHEAD, Tracker, pull_socket, push_socket
 
 # A peer is declared dead once our connection to it has been down this long (default).
@@ -200,7 +201,7 @@ class ZmqTransport(Transport):
 
     def _recv_frames(self, timeout: float) -> list | None:
         frames = self._receive(timeout)
-        if frames is None or not shm.is_envelope(frames[0]):
+        if frames is None or not is_envelope(frames[0]):
             return frames
         try:
             return self._shm.open(frames)
