@@ -6,7 +6,8 @@ every peer).
 Matching j is active in round k with probability p_j, independently; the p_j maximise the
 algebraic connectivity of the expected Laplacian under a communication budget, and the
 mixing weight alpha minimises ``rho = ||E[W^T W] - J||_2`` for ``W(k) = I - alpha L(k)``
-(both solved in matcha_solver.py). Activations are a pure function of ``(seed, round)``, so peers agree without messages.
+(both solved in matcha_solver.py). Activations are a pure function of ``(seed, round)``,
+so peers agree without messages.
 Wang, Sahu, Yang, Joshi, Kar: "MATCHA: Speeding Up Decentralized SGD via Matching
 Decomposition Sampling", arXiv 1905.09435.
 """

@@ -53,9 +53,7 @@ class Network:
     """What membership asks of its transport, and nothing more.
 
     Attributes:
-        rank: This peer's rank.
         size: Number of ranks (None: unknown, so there is no one to tell or ask).
-        clock: The transport's clock.
         describe: How to name a rank in a log line or an error.
         send: ``send(dst, message)``: send a control message; may raise.
         resend: ``resend(dst, kind, header, frames)``: send an encoded message again

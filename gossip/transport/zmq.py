@@ -1,10 +1,11 @@
 """ZeroMQ TCP transport: one PULL socket bound per peer, one PUSH socket per destination.
 
 PUSH queues messages while a destination is still starting, so peers may start in any
-order (socket settings: sockets.py; the Unix-socket twin of a local peer: endpoints.py). Per-pair ordering is FIFO, which the strategies rely on for multi-part exchanges.
+order. Per-pair ordering is FIFO, which the strategies rely on for multi-part exchanges.
 With CURVE keys every socket authenticates and encrypts (ipc twins included): the PULL socket
 is a CURVE server that lets in only the topology's keys (auth.py), each PUSH a CURVE client.
 Without keys, large frames to peers on this machine go through shared memory (shm.py).
+The sockets' settings are sockets.py's, the Unix-socket twin of a local peer endpoints.py's.
 """
 
 from __future__ import annotations
