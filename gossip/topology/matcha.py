@@ -25,6 +25,7 @@ import networkx as nx
 import numpy as np
 
 from gossip.errors import ConfigError, TopologyError
+from gossip.topology.graph import Topology
 from gossip.topology.matcha_solver import (
     expected_matrices,
     gram,
@@ -227,8 +228,6 @@ def plan_for_matchings(size: int, matchings: tuple[Matching, ...], budget: float
 
 
 def _graph_edges(graph: Any) -> tuple[int, list[Edge]]:
-    from gossip.topology.graph import Topology
-
     if isinstance(graph, Topology):
         return graph.size, graph.edges()
     if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
