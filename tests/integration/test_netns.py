@@ -105,7 +105,7 @@ def test_setup_gives_each_rank_its_ip_and_teardown_leaves_nothing(netns):
         for rank in range(3):
             assert cluster.host(rank) == f"10.77.0.{rank + 1}"
             addr = iproute.run(["ip", "-n", cluster.namespace(rank), "-4", "-o", "addr",
-                                     "show", "dev", "eth0"]).stdout
+                                "show", "dev", "eth0"]).stdout
             assert f"inet {cluster.host(rank)}/24" in addr
             for where in (["-n", cluster.namespace(rank), "qdisc", "show", "dev", "eth0"],
                           ["qdisc", "show", "dev", f"gv-{prefix}-{rank}"]):
