@@ -1,14 +1,14 @@
 """Virtual clusters: peers in Linux network namespaces behind bandwidth-capped links."""
 
-from gossip.cluster.netns import (
+from gossip.cluster.iproute import (
     NetnsError,
     NetnsUnavailable,
-    VirtualCluster,
     check_available,
-    cleanup_stale,
     unavailable_reason,
 )
+from gossip.cluster.netns import VirtualCluster
 from gossip.cluster.rate import Rate, parse_rate
+from gossip.cluster.teardown import cleanup_stale
 from gossip.cluster.throughput import Throughput, measure_throughput
 
 __all__ = ["NetnsError", "NetnsUnavailable", "Rate", "Throughput", "VirtualCluster",

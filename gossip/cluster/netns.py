@@ -10,128 +10,39 @@ tbf on ``eth0`` caps what the peer sends; tbf on ``gv-..`` (its egress is the pe
 caps what it receives. The root namespace has no address on the bridge, so two clusters with
 the same subnet never collide and no traffic leaves the cluster.
 
-Needs root and iproute2 (``ip``, ``tc``); everything created is removed on exit, on an
-exception, on SIGTERM/SIGHUP/Ctrl-C and, as a last resort, at interpreter exit.
+Needs root and iproute2 (``ip``, ``tc``; iproute.py runs them); everything created is
+removed on exit, on an exception, on SIGTERM/SIGHUP/Ctrl-C and, as a last resort, at
+interpreter exit (teardown.py).
 """
 
 from __future__ import annotations
 
-import atexit
 import ipaddress
-import json
-import os
-import re
-import secrets
-import shlex
-import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from functools import cache
+from collections.abc import Sequence
 
+from gossip.cluster.iproute import (
+    IFNAME_MAX,
+    MAX_PREFIX,
+    NS_IFACE,
+    PREFIX,
+    STOP_GRACE_S,
+    NetnsError,
+    bridge_name,
+    check_available,
+    delete,
+    free_prefix,
+    kill_in_namespaces,
+    ns_name,
+    prefixes_in_use,
+    run,
+    tbf_bytes,
+    veth_name,
+)
 from gossip.cluster.rate import Rate, parse_rate
-from gossip.errors import ConfigError, GossipError
-
-NS_IFACE = "eth0"
-CMD_TIMEOUT_S = 20.0
-STOP_GRACE_S = 2.0
-IFNAME_MAX = 15  # IFNAMSIZ - 1
-MAX_PREFIX = 6  # "gv-" + prefix + "-" + rank fits IFNAME_MAX up to rank 99999
-_PREFIX = re.compile(rf"^[a-z0-9]{{1,{MAX_PREFIX}}}$")
-_NS_NAME = re.compile(rf"^gossip-([a-z0-9]{{1,{MAX_PREFIX}}})-\d+$")
-_LINK_NAME = re.compile(rf"^g[bv]-([a-z0-9]{{1,{MAX_PREFIX}}})(-\d+)?$")
-_TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class NetnsError(GossipError):
-    """A namespace, link or qdisc command failed; the message names the command."""
-
-
-class NetnsUnavailable(NetnsError):
-    """This machine cannot host a virtual cluster: it needs root, iproute2 and netns."""
-
-
-def ns_name(prefix: str, rank: int) -> str:
-    return f"gossip-{prefix}-{rank}"
-
-
-def bridge_name(prefix: str) -> str:
-    return f"gb-{prefix}"
-
-
-def veth_name(prefix: str, rank: int) -> str:
-    return f"gv-{prefix}-{rank}"
-
-
-def run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
-    """Run an iproute2 command; NetnsError names the command and its last stderr line."""
-    argv = list(argv)
-    try:
-        result = subprocess.run(argv, check=False, capture_output=True, text=True,
-                                timeout=CMD_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise NetnsUnavailable(f"`{argv[0]}` not found: a virtual cluster needs iproute2 "
-                               "(ip, tc)") from None
-    except subprocess.TimeoutExpired:
-        raise NetnsError(f"`{shlex.join(argv)}` did not finish in {CMD_TIMEOUT_S:g} s") from None
-    if check and result.returncode:
-        lines = (result.stderr or result.stdout).strip().splitlines()
-        raise NetnsError(f"`{shlex.join(argv)}` failed (exit {result.returncode}): "
-                         f"{lines[-1] if lines else 'no output'}")
-    return result
-
-
-# -- availability -----------------------------------------------------------------------
-
-
-def check_available() -> None:
-    """Raise NetnsUnavailable saying what is missing: root, ``ip``/``tc``, netns or tbf."""
-    if os.geteuid() != 0:
-        raise NetnsUnavailable("a virtual cluster needs root (network namespaces, veth, tc); "
-                               "run as root or with sudo")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            raise NetnsUnavailable(f"`{tool}` not found: a virtual cluster needs iproute2")
-    _probe()
-
-
-@cache
-def _probe() -> None:
-    """Build a throwaway namespace with a bridge, a veth pair and a tbf qdisc inside it.
-
-    The root namespace is never touched; success is cached for the process.
-    """
-    probe = ns_name(_free_prefix(), 0)
-    try:
-        run(["ip", "netns", "add", probe])
-        try:
-            run(["ip", "-n", probe, "link", "add", "gp-br", "type", "bridge"])
-            run(["ip", "-n", probe, "link", "add", "gp-a", "type", "veth", "peer", "name", "gp-b"])
-            run(["tc", "-n", probe, "qdisc", "add", "dev", "gp-a", "root",
-                 *parse_rate("1mbit").tbf_args()])
-        finally:
-            run(["ip", "netns", "del", probe], check=False)
-    except NetnsUnavailable:
-        raise
-    except NetnsError as exc:
-        raise NetnsUnavailable(f"network namespaces with veth, bridge and tbf are not usable "
-                               f"here: {exc}") from None
-
-
-def unavailable_reason() -> str | None:
-    """Why no virtual cluster can be built here (one line), or None when one can."""
-    try:
-        check_available()
-    except NetnsUnavailable as exc:
-        return str(exc)
-    return None
-
-
-# -- the cluster --------------------------------------------------------------------------
+from gossip.cluster.teardown import register, signals_deferred, unregister
+from gossip.errors import ConfigError
 
 
 class VirtualCluster:
@@ -171,7 +82,7 @@ class VirtualCluster:
             raise ConfigError(f"subnet {subnet!r}: {exc} (expected e.g. 10.77.0.0/24)") from None
         if size > self.subnet.num_addresses - 2:
             raise ConfigError(f"subnet {subnet}: too small for {size} peers")
-        if prefix is not None and not _PREFIX.match(prefix):
+        if prefix is not None and not PREFIX.match(prefix):
             raise ConfigError(f"prefix {prefix!r}: expected 1-{MAX_PREFIX} of [a-z0-9]")
         if burst is not None and burst < 2048:
             raise ConfigError(f"burst: {burst} bytes cannot hold a full-size frame (>= 2048)")
@@ -258,7 +169,7 @@ class VirtualCluster:
         ns, veth = self.namespace(rank), veth_name(self._need_prefix(), self._rank(rank))
         up = run(["tc", "-s", "-j", "-n", ns, "qdisc", "show", "dev", NS_IFACE, "root"])
         down = run(["tc", "-s", "-j", "qdisc", "show", "dev", veth, "root"])
-        return {"sent": _tbf_bytes(up.stdout), "received": _tbf_bytes(down.stdout)}
+        return {"sent": tbf_bytes(up.stdout), "received": tbf_bytes(down.stdout)}
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -280,15 +191,15 @@ class VirtualCluster:
             raise NetnsError(f"{self!r} is already open")
         check_available()
         if self.prefix is None:
-            self.prefix = _free_prefix()
-        elif self.prefix in _prefixes_in_use():
+            self.prefix = free_prefix()
+        elif self.prefix in prefixes_in_use():
             raise NetnsError(f"prefix {self.prefix!r} is in use; pick another or run "
                              f"`tools/netns-cluster cleanup --prefix {self.prefix}`")
         if len(veth_name(self.prefix, self.size - 1)) > IFNAME_MAX:
             raise ConfigError(f"prefix {self.prefix!r}: too long for {self.size} peers "
                               f"(interface names have at most {IFNAME_MAX} characters)")
         self._opened = True
-        _register(self)
+        register(self)
         try:
             self._create()
         except BaseException:
@@ -335,16 +246,16 @@ class VirtualCluster:
         Every step is tried; failures are reported together afterwards (unless ``quiet``).
         """
         errors: list[str] = []
-        with _signals_deferred():
+        with signals_deferred():
             self._stop_processes()
             for kind, name in reversed(self._created):
                 try:
-                    _delete(kind, name)
+                    delete(kind, name)
                 except NetnsError as exc:
                     errors.append(str(exc))
             self._created.clear()
             self._opened = False
-            _unregister(self)
+            unregister(self)
         if errors and not quiet:
             raise NetnsError(f"teardown of cluster {self.prefix} incomplete: "
                              f"{'; '.join(errors)} (retry: tools/netns-cluster cleanup "
@@ -354,7 +265,7 @@ class VirtualCluster:
         for proc in self._procs:
             if proc.poll() is None:
                 proc.terminate()
-        _kill_in_namespaces([name for kind, name in self._created if kind == "ns"])
+        kill_in_namespaces([name for kind, name in self._created if kind == "ns"])
         for proc in self._procs:
             try:
                 proc.wait(timeout=STOP_GRACE_S)
@@ -362,154 +273,3 @@ class VirtualCluster:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
-
-
-def _tbf_bytes(text: str) -> int:
-    qdiscs = json.loads(text or "[]")
-    return sum(q.get("bytes", 0) for q in qdiscs if q.get("kind") == "tbf")
-
-
-def _delete(kind: str, name: str) -> None:
-    """Delete a namespace or link; one that is already gone is fine."""
-    argv = ["ip", "netns", "del", name] if kind == "ns" else ["ip", "link", "del", name]
-    result = run(argv, check=False)
-    gone = ("No such file", "Cannot find device", "does not exist")
-    if result.returncode and not any(text in result.stderr for text in gone):
-        raise NetnsError(f"`{shlex.join(argv)}` failed (exit {result.returncode}): "
-                         f"{result.stderr.strip() or 'no output'}")
-
-
-def _ns_pids(namespaces: Sequence[str]) -> list[int]:
-    pids = []
-    for ns in namespaces:
-        result = run(["ip", "netns", "pids", ns], check=False)
-        if result.returncode == 0:
-            pids += [int(pid) for pid in result.stdout.split()]
-    return pids
-
-
-def _kill_in_namespaces(namespaces: Sequence[str]) -> None:
-    """SIGTERM every process in ``namespaces``, SIGKILL what is left after a grace period.
-
-    A process keeps its namespace (and its veth) alive after ``ip netns del``, so nothing may
-    be left running when the names go.
-    """
-    start = time.monotonic()
-    while pids := _ns_pids(namespaces):
-        waited = time.monotonic() - start
-        if waited > 2 * STOP_GRACE_S:  # unkillable (stuck in the kernel): give up on it
-            print(f"warning: processes {pids} in {', '.join(namespaces)} survive SIGKILL",
-                  file=sys.stderr)
-            return
-        sig = signal.SIGTERM if waited < STOP_GRACE_S else signal.SIGKILL
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-
-
-# -- stale clusters -----------------------------------------------------------------------
-
-
-def _listing() -> tuple[list[str], list[str]]:
-    """Names of every namespace and every root-namespace link."""
-    namespaces = [line.split()[0] for line in run(["ip", "netns", "list"]).stdout.splitlines()
-                  if line.strip()]
-    links = [link["ifname"] for link in json.loads(run(["ip", "-j", "link", "show"]).stdout)]
-    return namespaces, links
-
-
-def _prefixes_in_use() -> set[str]:
-    namespaces, links = _listing()
-    found = {m.group(1) for name in namespaces if (m := _NS_NAME.match(name))}
-    return found | {m.group(1) for name in links if (m := _LINK_NAME.match(name))}
-
-
-def _free_prefix() -> str:
-    used = _prefixes_in_use()
-    while (prefix := secrets.token_hex(3)[:5]) in used:
-        pass
-    return prefix
-
-
-def cleanup_stale(prefix: str | None = None) -> list[str]:
-    """Remove namespaces, veths and bridges a crashed run left behind; return their names.
-
-    With ``prefix`` only that cluster's; with None every ``gossip-*`` cluster not open in this
-    process (so not while another process runs one). Processes inside are killed first.
-    """
-    if prefix is not None and not _PREFIX.match(prefix):
-        raise ConfigError(f"prefix {prefix!r}: expected 1-{MAX_PREFIX} of [a-z0-9]")
-    check_available()
-    live = {cluster.prefix for cluster in list(_OPEN)}
-
-    def stale(match: re.Match | None) -> bool:
-        return bool(match) and (match.group(1) == prefix if prefix else match.group(1) not in live)
-
-    namespaces, links = _listing()
-    namespaces = [name for name in namespaces if stale(_NS_NAME.match(name))]
-    links = [name for name in links if stale(_LINK_NAME.match(name))]
-    with _signals_deferred():
-        _kill_in_namespaces(namespaces)
-        # veths before their bridge; namespaces after the veth pairs that point into them.
-        order = sorted(links, key=lambda name: name.startswith("gb-"))
-        for kind, name in [("link", name) for name in order] + [("ns", n) for n in namespaces]:
-            _delete(kind, name)
-    return order + namespaces
-
-
-# -- signals and the exit safety net ------------------------------------------------------
-
-_OPEN: list[VirtualCluster] = []
-_LOCK = threading.Lock()
-_SAVED_HANDLERS: dict[int, object] = {}
-
-
-def _exit_on_signal(signum: int, _frame) -> None:
-    # Unwinds like an exception, so every `with VirtualCluster` on the stack tears down.
-    raise SystemExit(128 + signum)
-
-
-def _register(cluster: VirtualCluster) -> None:
-    with _LOCK:
-        if not _OPEN and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGHUP):
-                # Only where the default would kill us without unwinding; never steal a handler.
-                if signal.getsignal(sig) == signal.SIG_DFL:
-                    _SAVED_HANDLERS[sig] = signal.signal(sig, _exit_on_signal)
-        _OPEN.append(cluster)
-
-
-def _unregister(cluster: VirtualCluster) -> None:
-    with _LOCK:
-        if cluster in _OPEN:
-            _OPEN.remove(cluster)
-        if not _OPEN and threading.current_thread() is threading.main_thread():
-            for sig, previous in list(_SAVED_HANDLERS.items()):
-                if signal.getsignal(sig) is _exit_on_signal:
-                    signal.signal(sig, previous)
-                del _SAVED_HANDLERS[sig]
-
-
-@contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C/SIGTERM/SIGHUP until teardown is done (they arrive right after)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _TEARDOWN_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-@atexit.register
-def _close_all() -> None:
-    for cluster in reversed(list(_OPEN)):
-        try:
-            cluster.close()
-        except GossipError as exc:
-            print(f"warning: {exc}", file=sys.stderr)

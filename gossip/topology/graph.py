@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,95 +11,11 @@ import numpy as np
 
 from gossip import keys
 from gossip.errors import ConfigError, TopologyError
-from gossip.topology import generators, weights
+from gossip.topology import generators, io, weights
+from gossip.topology.address import PeerAddress, check_peers, is_int
 
 # describe() prints the P x P matrix only while it stays readable.
 _DESCRIBE_MAX_MATRIX = 32
-
-
-@dataclass(frozen=True)
-class PeerAddress:
-    """Where peer ``rank`` listens, and its Z85 CURVE public key when the cluster uses keys."""
-
-    rank: int
-    host: str
-    port: int
-    public_key: str | None = None
-
-    @property
-    def endpoint(self) -> str:
-        """ZeroMQ endpoint, ``tcp://host:port`` (IPv6 hosts bracketed)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"tcp://{host}:{self.port}"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_peer(index: int, peer: Any) -> None:
-    where = f"peers[{index}]"
-    if not isinstance(peer, PeerAddress):
-        raise TopologyError(f"{where}: expected a PeerAddress, got {type(peer).__name__}")
-    if not _is_int(peer.rank):
-        raise TopologyError(f"{where}.rank: expected an integer, got {peer.rank!r}")
-    if not isinstance(peer.host, str) or not peer.host.strip():
-        raise TopologyError(f"{where}.host: expected a non-empty string, got {peer.host!r}")
-    if not _is_int(peer.port):
-        raise TopologyError(f"{where}.port: expected an integer, got {peer.port!r}")
-    if not 1 <= peer.port <= 65535:
-        raise TopologyError(f"{where}.port: {peer.port} is not a valid port (1-65535)")
-
-
-def _check_peers(peers: Sequence[PeerAddress]) -> tuple[PeerAddress, ...]:
-    """Validated peers sorted by rank; ranks must be exactly ``0..P-1``."""
-    if not peers:
-        raise TopologyError("peers: a topology needs at least one peer")
-    first_index: dict[int, int] = {}
-    for index, peer in enumerate(peers):
-        _check_peer(index, peer)
-        if peer.rank in first_index:
-            raise TopologyError(
-                f"duplicate rank {peer.rank} in peers[{first_index[peer.rank]}] and peers[{index}]"
-            )
-        first_index[peer.rank] = index
-    # P distinct ranks with none missing from 0..P-1 leaves none out of range.
-    for rank in range(len(peers)):
-        if rank not in first_index:
-            raise TopologyError(f"missing peer rank {rank} (ranks must be 0..{len(peers) - 1})")
-    ordered = tuple(sorted(peers, key=lambda peer: peer.rank))
-    owner: dict[tuple[str, int], int] = {}
-    for peer in ordered:
-        key = (peer.host, peer.port)
-        if key in owner:
-            raise TopologyError(
-                f"duplicate address {peer.host}:{peer.port} (ranks {owner[key]} and {peer.rank})"
-            )
-        owner[key] = peer.rank
-    _check_public_keys(peers)
-    return ordered
-
-
-def _check_public_keys(peers: Sequence[PeerAddress]) -> None:
-    """Every peer has a distinct valid key, or none has one (a half-keyed cluster would
-    leave some sockets open to anyone)."""
-    keyed = [index for index, peer in enumerate(peers) if peer.public_key is not None]
-    if not keyed:
-        return
-    owner: dict[str, int] = {}
-    for index, peer in enumerate(peers):
-        where = f"peers[{index}].public_key"
-        if peer.public_key is None:
-            raise TopologyError(f"{where}: missing (peers[{keyed[0]}] has one: give every "
-                                f"peer a key, or none)")
-        try:
-            keys.check_key(where, peer.public_key)
-        except ConfigError as exc:
-            raise TopologyError(str(exc)) from None
-        if peer.public_key in owner:
-            raise TopologyError(f"{where}: same key as peers[{owner[peer.public_key]}] (every "
-                                f"peer needs its own keypair)")
-        owner[peer.public_key] = index
 
 
 def _format_component(nodes) -> str:
@@ -114,7 +28,7 @@ def _check_graph(graph: Any, size: int) -> nx.Graph:
         raise TopologyError(f"graph: expected an undirected simple nx.Graph, got {type(graph).__name__}")
     ranks = set(range(size))
     for node in graph.nodes:
-        if node not in ranks or not _is_int(node):
+        if node not in ranks or not is_int(node):
             raise TopologyError(f"graph: node {node!r} is not a peer (ranks must be 0..{size - 1})")
     for rank in range(size):
         if rank not in graph:
@@ -152,7 +66,7 @@ class Topology:
                  key_dir: str | Path | None = None):
         if name is not None and not isinstance(name, str):
             raise TopologyError(f"name: expected a string, got {name!r}")
-        self._peers = _check_peers(tuple(peers))
+        self._peers = check_peers(tuple(peers))
         if key_dir is not None and not self.keyed:
             raise TopologyError(f"keys: {key_dir} given but the peers have no public keys")
         self._key_dir = Path(key_dir).resolve() if key_dir is not None else None
@@ -211,7 +125,7 @@ class Topology:
         return Topology(self._graph, peers, name=self._name, key_dir=directory)
 
     def _rank(self, rank: int) -> int:
-        if not _is_int(rank) or not 0 <= rank < self.size:
+        if not is_int(rank) or not 0 <= rank < self.size:
             raise TopologyError(f"rank {rank!r} is not a peer (ranks are 0..{self.size - 1})")
         return int(rank)
 
@@ -244,27 +158,32 @@ class Topology:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Topology:
-        """Load and validate a topology file; errors start with ``path``."""
-        from gossip.topology import io  # io builds Topology objects, so import lazily
-
-        return io.load(path)
+        """Load and validate a topology file; errors start with ``path``, and an unnamed
+        file takes the file's stem as its name."""
+        return cls.from_dict(io.read(path), source=str(path), base_dir=Path(path).parent)
 
     @classmethod
-    def from_dict(cls, data: Any, *, source: str = "<dict>") -> Topology:
-        """Validate a parsed topology mapping; errors start with ``source``."""
-        from gossip.topology import io
+    def from_dict(cls, data: Any, *, source: str = "<dict>",
+                  base_dir: str | Path = ".") -> Topology:
+        """Validate a parsed topology mapping (a relative ``keys`` directory is relative to
+        ``base_dir``).
 
-        return io.parse(data, source=source)
+        Raises:
+            TopologyError: ``"<source>: <field>: <problem>"`` on the first problem found.
+        """
+        try:
+            parts = io.parse(data)
+            topology = cls(parts.graph, parts.peers, name=parts.name)
+            keys = io.key_dir(data, topology, Path(base_dir))
+            return topology if keys is None else topology.with_keys(keys)
+        except ConfigError as exc:
+            raise TopologyError(f"{source}: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """Explicit form (name, peers, edges) that ``from_dict`` accepts back."""
-        from gossip.topology import io
-
         return io.to_dict(self)
 
     def to_yaml(self, path: str | Path) -> None:
-        from gossip.topology import io
-
         io.dump(self, path)
 
     @classmethod

@@ -1,20 +1,23 @@
-"""Read, validate and write topology YAML files.
+"""Topology files: read YAML, parse its mapping into plain parts, write a Topology back.
 
-Every error is a one-line TopologyError starting with the source (file path) and
-naming the offending field, e.g. ``topologies/x.yaml: peers[2].port: ...``.
+``Topology.from_yaml`` / ``from_dict`` build the Topology from the parts, and every error is
+a one-line TopologyError starting with the source (file path) and naming the offending
+field, e.g. ``topologies/x.yaml: peers[2].port: ...``. This module does not import the
+Topology: it writes any object with its ``name``, ``peers``, ``keyed``, ``key_dir``,
+``size`` and ``edges()``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
 import yaml
 
 from gossip.errors import ConfigError, TopologyError
 from gossip.topology import generators
-from gossip.topology.graph import PeerAddress, Topology, _is_int
+from gossip.topology.address import PeerAddress, is_int
 
 _KEYS = ("name", "peers", "hosts", "size", "host", "base_port", "graph", "edges", "keys")
 _PEER_KEYS = ("rank", "host", "port", "public_key")
@@ -38,8 +41,21 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load(path: str | Path) -> Topology:
-    """Parse and validate the topology file at ``path``; unnamed files take the file stem."""
+class TopologyParts(NamedTuple):
+    """What a Topology is built from, as far as a mapping's fields are checked on their own
+    (the peers and graph together are the Topology's to check)."""
+
+    name: str | None
+    peers: list[PeerAddress]
+    graph: nx.Graph
+
+
+def read(path: str | Path) -> Any:
+    """The mapping in the topology file at ``path``; unnamed files take the file stem.
+
+    Raises:
+        TopologyError: ``"<path>: <problem>"``: no such file, unreadable, invalid YAML, empty.
+    """
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -58,24 +74,15 @@ def load(path: str | Path) -> Topology:
         raise TopologyError(f"{source}: file is empty")
     if isinstance(data, dict) and "name" not in data:
         data = {**data, "name": Path(path).stem}
-    return parse(data, source=source, base_dir=Path(path).parent)
+    return data
 
 
-def parse(data: Any, *, source: str = "<dict>", base_dir: str | Path = ".") -> Topology:
-    """Validate a parsed topology mapping and build the Topology.
-
-    A relative ``keys`` directory is taken relative to ``base_dir`` (the file's directory).
+def parse(data: Any) -> TopologyParts:
+    """The parts of a topology mapping.
 
     Raises:
-        TopologyError: ``"<source>: <field>: <problem>"`` on the first problem found.
+        TopologyError: ``"<field>: <problem>"`` on the first problem found.
     """
-    try:
-        return _parse(data, Path(base_dir))
-    except ConfigError as exc:
-        raise TopologyError(f"{source}: {exc}") from None
-
-
-def _parse(data: Any, base_dir: Path) -> Topology:
     if not isinstance(data, dict):
         raise TopologyError(f"expected a mapping at the top level, got {type(data).__name__}")
     for key in data:
@@ -85,14 +92,15 @@ def _parse(data: Any, base_dir: Path) -> Topology:
     if name is not None and not isinstance(name, str):
         raise TopologyError(f"name: expected a string, got {name!r}")
     peers = _parse_peers(data)
-    graph = _parse_graph(data, len(peers))
-    topology = Topology(graph, peers, name=name)
-    if "keys" in data:
-        return topology.with_keys(_key_dir(data["keys"], topology, base_dir))
-    return topology
+    return TopologyParts(name, peers, _parse_graph(data, len(peers)))
 
 
-def _key_dir(value: Any, topology: Topology, base_dir: Path) -> Path:
+def key_dir(data: dict, topology, base_dir: Path) -> Path | None:
+    """The directory of public keys the mapping ``data`` names for ``topology`` (built from
+    its parts), relative to ``base_dir`` unless absolute; None if it names none."""
+    if "keys" not in data:
+        return None
+    value = data["keys"]
     if not isinstance(value, str) or not value.strip():
         raise TopologyError(f"keys: expected a directory of peer-R.key.pub files, got {value!r}")
     if topology.keyed:
@@ -106,7 +114,7 @@ def _key_dir(value: Any, topology: Topology, base_dir: Path) -> Path:
 
 
 def _port(field: str, value: Any) -> int:
-    if not _is_int(value):
+    if not is_int(value):
         raise TopologyError(f"{field}: expected an integer, got {value!r}")
     if not 1 <= value <= 65535:
         raise TopologyError(f"{field}: {value} is not a valid port (1-65535)")
@@ -140,7 +148,7 @@ def _parse_peers(data: dict) -> list[PeerAddress]:
         hosts = [_host(f"hosts[{i}]", value) for i, value in enumerate(hosts)]
     else:
         size = data["size"]
-        if not _is_int(size) or size < 1:
+        if not is_int(size) or size < 1:
             raise TopologyError(f"size: expected a positive integer, got {size!r}")
         hosts = [_host("host", data.get("host", _DEFAULT_HOST))] * size
     base_port = _port("base_port", data.get("base_port", _DEFAULT_BASE_PORT))
@@ -209,7 +217,7 @@ def _explicit_edges(edges: Any, size: int) -> nx.Graph:
         if not isinstance(edge, list) or len(edge) != 2:
             raise TopologyError(f"{where}: expected a pair [a, b], got {edge!r}")
         for rank in edge:
-            if not _is_int(rank):
+            if not is_int(rank):
                 raise TopologyError(f"{where}: expected integer ranks, got {rank!r}")
             if not 0 <= rank < size:
                 raise TopologyError(f"{where}: rank {rank} is not a peer (ranks are 0..{size - 1})")
@@ -224,7 +232,7 @@ def _explicit_edges(edges: Any, size: int) -> nx.Graph:
     return graph
 
 
-def to_dict(topology: Topology) -> dict[str, Any]:
+def to_dict(topology) -> dict[str, Any]:
     """Explicit form: name (if any), one mapping per peer, and the edge list."""
     data: dict[str, Any] = {}
     if topology.name is not None:
@@ -243,7 +251,7 @@ def to_dict(topology: Topology) -> dict[str, Any]:
     return data
 
 
-def dump(topology: Topology, path: str | Path) -> None:
+def dump(topology, path: str | Path) -> None:
     """Write ``topology`` to ``path`` in the explicit form, one peer/edge per line."""
     text = yaml.safe_dump(to_dict(topology), sort_keys=False, default_flow_style=None)
     Path(path).write_text(text, encoding="utf-8")

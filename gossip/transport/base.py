@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from gossip.clock import REAL_TIME, Clock
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.transport import codec
-from gossip.transport.membership import CONTROL, Membership
+from gossip.transport.delivery import Delivery, SendWatch
+from gossip.transport.membership import CONTROL, Membership, Network
 from gossip.transport.message import Message
 from gossip.transport.pending import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, PendingMessages
+from gossip.transport.stats import TransportStats
 
 log = logging.getLogger("gossip.transport")
 
@@ -22,98 +21,6 @@ log = logging.getLogger("gossip.transport")
 DEFAULT_MAX_PENDING_BYTES = DEFAULT_MAX_BYTES
 BYE = "bye"  # internal: the sender is done and sends nothing more
 INTERNAL = CONTROL | {BYE}  # kinds every transport accepts and handles itself
-# by_kind entry of the bytes of rejected messages: their kind is unknown or untrusted.
-# Not a valid kind, so it cannot collide with one.
-REJECTED = "<rejected>"
-_KIND_COUNTERS = ("bytes_sent", "bytes_recv", "messages_sent", "messages_recv")
-
-
-@dataclass
-class TransportStats:
-    """Exact counters of what went over the socket (header + frames) and what was rejected.
-
-    ``messages_rejected`` counts dropped messages and refused connections (a failed CURVE
-    handshake, a frame libzmq dropped); ``rejections`` keeps the latest reasons.
-
-    ``by_kind`` splits the four traffic counters by message kind; its entries add up to the
-    totals (rejected messages' bytes are under ``"<rejected>"``, counted in no ``messages_*``).
-    """
-
-    bytes_sent: int = 0
-    bytes_recv: int = 0
-    messages_sent: int = 0
-    messages_recv: int = 0
-    messages_rejected: int = 0
-    messages_expired: int = 0  # kept unclaimed until they fell too many rounds behind
-    wait_s: float = 0.0  # time blocked waiting for a message
-    rejections: deque = field(default_factory=lambda: deque(maxlen=32))
-    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def sent(self, kind: str, nbytes: int) -> None:
-        self.bytes_sent += nbytes
-        self.messages_sent += 1
-        counts = self._kind(kind)
-        counts["bytes_sent"] += nbytes
-        counts["messages_sent"] += 1
-
-    def received(self, kind: str, nbytes: int) -> None:
-        """Count an accepted message (its bytes are already in ``bytes_recv``)."""
-        self.messages_recv += 1
-        counts = self._kind(kind)
-        counts["bytes_recv"] += nbytes
-        counts["messages_recv"] += 1
-
-    def rejected(self, nbytes: int = 0) -> None:
-        """Count a rejected message or refused connection; ``nbytes`` of a dropped message
-        (already in ``bytes_recv``) move from no kind to ``"<rejected>"``."""
-        self.messages_rejected += 1
-        if nbytes:
-            self._kind(REJECTED)["bytes_recv"] += nbytes
-
-    def _kind(self, kind: str) -> dict[str, int]:
-        counts = self.by_kind.get(kind)
-        if counts is None:
-            counts = self.by_kind[kind] = dict.fromkeys(_KIND_COUNTERS, 0)
-        return counts
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "bytes_sent": self.bytes_sent,
-            "bytes_recv": self.bytes_recv,
-            "messages_sent": self.messages_sent,
-            "messages_recv": self.messages_recv,
-            "messages_rejected": self.messages_rejected,
-            "messages_expired": self.messages_expired,
-            "wait_s": self.wait_s,
-            "by_kind": {kind: dict(counts) for kind, counts in self.by_kind.items()},
-        }
-
-
-class Delivery:
-    """Handle of a sent message: ``wait()`` returns once its tensors may be modified again."""
-
-    # A message to a peer that died stays queued for its reconnect, so waiting for it checks
-    # the peer's liveness this often.
-    LIVENESS_POLL_S = 0.1
-
-    def __init__(self, transport: Transport, dst: int, trackers: list, kind: str = ""):
-        self._transport, self._dst, self._trackers = transport, dst, trackers
-        self._kind = kind
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Raises PeerGone if the destination is declared dead meanwhile (its copy of the
-        message is then never read; the tensors may be modified all the same)."""
-        t = self._transport
-        limit = t.timeout if timeout is None else timeout
-        deadline = t.clock.monotonic() + limit
-        for tracker in self._trackers:
-            while not tracker.wait(min(self.LIVENESS_POLL_S,
-                                       max(deadline - t.clock.monotonic(), 0.0))):
-                t._poll_liveness()
-                t.membership.check_delivery(self._dst, self._kind)
-                if t.clock.monotonic() >= deadline:
-                    raise PeerTimeout(f"rank {t.rank}: message to {t.describe(self._dst)} "
-                                      f"not sent within {limit:g} s")
 
 
 class Transport(ABC):
@@ -123,6 +30,7 @@ class Transport(ABC):
 
     Args:
         rank: This peer's rank.
+        size: Number of ranks, if known: messages claiming another ``src`` are rejected.
         kinds: Message kinds accepted; others are rejected. None accepts any valid kind.
         timeout: Default seconds ``recv`` waits before raising PeerTimeout.
         max_message_bytes: Larger messages are rejected.
@@ -136,8 +44,6 @@ class Transport(ABC):
             asks it (membership, fault injection, training); real time by default.
     """
 
-    #: Number of ranks, if known: messages claiming another ``src`` are rejected.
-    size: int | None = None
     #: Kinds a transport exchanges for itself (handshakes), handed to ``_internal``.
     own_kinds: frozenset[str] = frozenset()
 
@@ -145,6 +51,7 @@ class Transport(ABC):
         self,
         rank: int,
         *,
+        size: int | None = None,
         kinds: Sequence[str] | None = None,
         timeout: float = 60.0,
         max_message_bytes: int = codec.DEFAULT_MAX_MESSAGE_BYTES,
@@ -153,7 +60,7 @@ class Transport(ABC):
         reject_nonfinite: bool = True,
         clock: Clock | None = None,
     ):
-        self.rank = rank
+        self.rank, self.size = rank, size
         self.clock = clock or REAL_TIME
         self.timeout = timeout
         self.kinds = frozenset(kinds) if kinds is not None else None
@@ -166,7 +73,13 @@ class Transport(ABC):
         self._send_delay: tuple[float, frozenset[str]] = (0.0, frozenset())
         self.contacts: set[int] = set()  # ranks we sent to or heard from
         self.departed: set[int] = set()  # ranks that said goodbye
-        self.membership = Membership(self)  # dead peers, control messages, rejoin
+        # Dead peers, control messages, rejoin.
+        self.membership = Membership(Network(
+            rank=rank, size=size, clock=self.clock, describe=self.describe, send=self.send,
+            resend=self._send_encoded, pump=self._pump, never_reached=self._never_reached,
+            restarted=self._restarted, discard_before=self.pending.discard_before))
+        self._sends = SendWatch(rank=rank, clock=self.clock, timeout=timeout,
+                                describe=self.describe, check=self._check_delivery)
 
     # -- subclass hooks -------------------------------------------------------------------
     @abstractmethod
@@ -255,7 +168,7 @@ class Transport(ABC):
         self.contacts.add(dst)
         self.stats.sent(msg.kind, len(header) + sum(f.numel() for f in frames))
         self.membership.sent(dst, msg.kind, msg.round, header, frames)
-        return Delivery(self, dst, trackers, msg.kind)
+        return Delivery(self._sends, dst, trackers, msg.kind)
 
     def recv(
         self,
@@ -323,9 +236,7 @@ class Transport(ABC):
             # Lost peers (even only reported ones) are not waited for: they say nothing more.
             while (self.contacts - self.departed - set(self.membership.lost)
                    and self.clock.monotonic() < deadline):
-                frames = self._recv_frames(max(deadline - self.clock.monotonic(), 0.0))
-                if frames is not None:
-                    self._accept(frames, keep=False)
+                self._pump(max(deadline - self.clock.monotonic(), 0.0), keep=False)
             missing = self.contacts - self.departed - set(self.membership.lost)
             if missing:
                 log.warning("rank %d: no goodbye from %s within %g s", self.rank,
@@ -335,6 +246,25 @@ class Transport(ABC):
             self.close(linger=flush)
 
     # -- internals ------------------------------------------------------------------------
+    def _send_encoded(self, dst: int, kind: str, header: bytes, frames: list) -> None:
+        """Send an encoded message as it is (a replay, a message of ``own_kinds``) and
+        count it."""
+        self._send_frames(dst, header, frames)
+        self.stats.sent(kind, len(header) + sum(f.numel() for f in frames))
+
+    def _pump(self, timeout: float, *, keep: bool = True) -> bool:
+        """Read and handle one message, keeping it for a later receive (with ``keep``)
+        unless the transport handles it itself; False if none came within ``timeout``."""
+        frames = self._recv_frames(timeout)
+        if frames is None:
+            return False
+        self._accept(frames, keep=keep)
+        return True
+
+    def _check_delivery(self, dst: int, kind: str) -> None:
+        self._poll_liveness()
+        self.membership.check_delivery(dst, kind)
+
     def _accept(self, frames: list, *, want: tuple | None = None,
                 keep: bool = True) -> Message | None:
         """Decode, check and count one received message and handle the transport's own

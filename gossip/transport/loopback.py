@@ -22,9 +22,8 @@ class LoopbackTransport(Transport):
     """Messages are encoded and copied exactly as on a socket, then queued for the receiver."""
 
     def __init__(self, rank: int, hub: LoopbackHub, **kwargs):
-        super().__init__(rank, **kwargs)
+        super().__init__(rank, size=len(hub.queues), **kwargs)
         self.hub = hub
-        self.size = len(hub.queues)
         self.closed = False
 
     def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False,

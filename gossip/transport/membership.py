@@ -28,13 +28,11 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
+from gossip.clock import Clock
 from gossip.errors import CollectiveAborted, PeerGone, ProtocolError, RejoinError
 from gossip.transport.message import Message
-
-if TYPE_CHECKING:
-    from gossip.transport.base import Transport
 
 log = logging.getLogger("gossip.transport")
 
@@ -48,6 +46,36 @@ REPLAY_MESSAGES = 3
 SKIP_MARGIN = 2
 # A rejoining peer looks this often whether any peer is running at all.
 WAKE_S = 0.1
+
+
+@dataclass(frozen=True)
+class Network:
+    """What membership asks of its transport, and nothing more.
+
+    Attributes:
+        size: Number of ranks (None: unknown, so there is no one to tell or ask).
+        describe: How to name a rank in a log line or an error.
+        send: ``send(dst, message)``: send a control message; may raise.
+        resend: ``resend(dst, kind, header, frames)``: send an encoded message again
+            (a replay; the transport counts it).
+        pump: ``pump(timeout)``: read and handle one incoming message, keeping it for a
+            later receive unless the transport handles it itself; False if none came.
+        never_reached: The ranks whose connection never came up in the time a dead peer is
+            given (no process listens at their address).
+        restarted: ``restarted(rank)``: forget what was set up with ``rank``'s old process.
+        discard_before: ``discard_before(round)``: drop the kept messages of earlier rounds.
+    """
+
+    rank: int
+    size: int | None
+    clock: Clock
+    describe: Callable[[int], str]
+    send: Callable[[int, Message], Any]
+    resend: Callable[[int, str, bytes, list], None]
+    pump: Callable[[float], bool]
+    never_reached: Callable[[], set[int]]
+    restarted: Callable[[int], None]
+    discard_before: Callable[[int], Any]
 
 
 @dataclass(frozen=True)
@@ -70,8 +98,8 @@ class Loss:
 class Membership:
     """The losses a transport knows of, its control messages and a rejoin's replay buffer."""
 
-    def __init__(self, transport: Transport):
-        self._t = transport
+    def __init__(self, network: Network):
+        self._net = network
         self.lost: dict[int, Loss] = {}
         self.round = -1  # the latest round this peer asked a message for: where it is
         self.skip_through = -1  # all-peer exchanges of rounds <= this are abandoned
@@ -100,13 +128,13 @@ class Membership:
         if rank in self.lost and self.lost[rank].firsthand:
             return
         self.lost[rank] = Loss(rank, self.round, reason, True)
-        log.warning("rank %d: %s is dead (noticed at round %d): %s", self._t.rank,
-                    self._t.describe(rank), self.round, reason)
+        log.warning("rank %d: %s is dead (noticed at round %d): %s", self._net.rank,
+                    self._net.describe(rank), self.round, reason)
         self._broadcast(GONE, {"rank": rank, "why": reason}, include=rank)
 
     def note_lost(self, rank: int, round: int, reason: str) -> None:
         """Count ``rank`` lost on known grounds (e.g. a checkpoint's record), quietly."""
-        if rank != self._t.rank and rank not in self.lost:
+        if rank != self._net.rank and rank not in self.lost:
             self.lost[rank] = Loss(rank, round, reason, True)
 
     def check(self, src: int | None, kind: str | None, round: int | None) -> None:
@@ -118,8 +146,9 @@ class Membership:
         if kind is not None and kind in self.collective_kinds:
             if round is not None and round <= self.skip_through:
                 raise CollectiveAborted(
-                    f"rank {self._t.rank}: {kind} of round {round} was abandoned: a restarted "
-                    f"peer rejoined while it was under way (rounds <= {self.skip_through})")
+                    f"rank {self._net.rank}: {kind} of round {round} was abandoned: a "
+                    f"restarted peer rejoined while it was under way (rounds <= "
+                    f"{self.skip_through})")
             if self.lost:
                 raise self._gone(self.lost[min(self.lost)], kind, round)
 
@@ -134,8 +163,8 @@ class Membership:
     def _gone(self, loss: Loss, kind: str | None, round: int | None) -> PeerGone:
         waiting = (f" (waiting for {kind or 'a message'} of round "
                    f"{round if round is not None else 'any'})")
-        return PeerGone(f"rank {self._t.rank}: {self._t.describe(loss.rank)} is dead, noticed "
-                        f"at round {loss.round}: {loss.reason}{waiting}", rank=loss.rank)
+        return PeerGone(f"rank {self._net.rank}: {self._net.describe(loss.rank)} is dead, "
+                        f"noticed at round {loss.round}: {loss.reason}{waiting}", rank=loss.rank)
 
     # -- control messages -------------------------------------------------------------------
     def validate(self, msg: Message) -> None:
@@ -145,7 +174,7 @@ class Membership:
         try:
             if msg.kind == GONE:
                 rank = _int(meta, "rank")
-                if self._t.size is not None and not 0 <= rank < self._t.size:
+                if self._net.size is not None and not 0 <= rank < self._net.size:
                     raise ValueError(f"rank {rank} is not a peer")
             elif msg.kind == JOIN:
                 _int(meta, "round")
@@ -168,19 +197,19 @@ class Membership:
         meta, src = msg.meta, msg.src
         if msg.kind == GONE:
             rank, why = meta["rank"], str(meta.get("why", "?"))[:500]
-            if rank == self._t.rank:
+            if rank == self._net.rank:
                 if src not in self.lost or not self.lost[src].firsthand:
                     self.lost[src] = Loss(src, self.round, f"it declared this peer dead "
                                           f"({why}) and will not talk to it again", True)
-                    log.warning("rank %d: %s dropped this peer: %s", self._t.rank,
-                                self._t.describe(src), why)
+                    log.warning("rank %d: %s dropped this peer: %s", self._net.rank,
+                                self._net.describe(src), why)
             elif rank not in self.lost and rank != src:
                 self.lost[rank] = Loss(rank, self.round, f"reported by peer {src}: {why}",
                                        False)
-                log.info("rank %d: peer %d reports %s dead: %s", self._t.rank, src,
-                         self._t.describe(rank), why)
+                log.info("rank %d: peer %d reports %s dead: %s", self._net.rank, src,
+                         self._net.describe(rank), why)
         elif msg.kind == JOIN:
-            self._t._restarted(src)
+            self._net.restarted(src)
             loss = self.lost.get(src)
             if loss is not None and not loss.firsthand:  # it is back, whoever said not
                 del self.lost[src]
@@ -197,15 +226,15 @@ class Membership:
             self._replay_to(src, meta["round"])
 
     def _broadcast(self, kind: str, meta: dict, *, include: int | None = None) -> None:
-        for dst in range(self._t.size or 0):
-            if dst != self._t.rank and (dst not in self.lost or dst == include):
+        for dst in range(self._net.size or 0):
+            if dst != self._net.rank and (dst not in self.lost or dst == include):
                 self._send(dst, kind, meta)
 
     def _send(self, dst: int, kind: str, meta: dict) -> None:
         try:
-            self._t.send(dst, Message(kind=kind, round=max(self.round, 0), meta=meta))
+            self._net.send(dst, Message(kind=kind, round=max(self.round, 0), meta=meta))
         except Exception as exc:  # noqa: BLE001 - telling others is best effort
-            log.warning("rank %d: could not send %s to peer %d: %s", self._t.rank, kind, dst,
+            log.warning("rank %d: could not send %s to peer %d: %s", self._net.rank, kind, dst,
                         exc)
 
     # -- replay -----------------------------------------------------------------------------
@@ -223,10 +252,9 @@ class Membership:
         kept = (self._replay or {}).get(dst, ())
         for kind, round, header, frames in list(kept):
             if round >= start:
-                self._t._send_frames(dst, header, frames)
-                self._t.stats.sent(kind, len(header) + sum(f.numel() for f in frames))
+                self._net.resend(dst, kind, header, frames)
         log.info("rank %d: re-sent %d message(s) of rounds >= %d to restarted peer %d",
-                 self._t.rank, sum(1 for entry in kept if entry[1] >= start), start, dst)
+                 self._net.rank, sum(1 for entry in kept if entry[1] >= start), start, dst)
 
     # -- rejoining --------------------------------------------------------------------------
     def rejoin(self, checkpoint_round: int, choose: Callable[[Mapping[int, int]], int],
@@ -253,26 +281,26 @@ class Membership:
 
     def _rejoin(self, checkpoint_round: int, choose: Callable[[Mapping[int, int]], int],
                 timeout: float) -> int:
-        t = self._t
-        others = [r for r in range(t.size or 0) if r != t.rank and r not in self.lost]
+        net = self._net
+        others = [r for r in range(net.size or 0) if r != net.rank and r not in self.lost]
         for dst in others:
             self._send(dst, JOIN, {"round": checkpoint_round})
-        clock = t.clock
+        clock = net.clock
         deadline = clock.monotonic() + timeout
         while set(others) - set(self._welcomes) and clock.monotonic() < deadline:
-            frames = t._recv_frames(min(max(deadline - clock.monotonic(), 0.0), WAKE_S))
-            if frames is not None:
-                t._accept(frames)  # kept for the rounds to come, unless internal
-            elif others and set(others) <= t._never_reached():
+            # Messages for the rounds to come are kept meanwhile.
+            if net.pump(min(max(deadline - clock.monotonic(), 0.0), WAKE_S)):
+                continue
+            if others and set(others) <= net.never_reached():
                 raise RejoinError(
-                    f"rank {t.rank}: no peer is running: none of "
-                    f"{', '.join(t.describe(r) for r in others)} accepted a connection "
+                    f"rank {net.rank}: no peer is running: none of "
+                    f"{', '.join(net.describe(r) for r in others)} accepted a connection "
                     f"after its join: the job has finished (or a whole job restarting "
                     f"together was not started within --dead-after of this peer)")
         missing = sorted(set(others) - set(self._welcomes))
         if missing:
-            raise RejoinError(f"rank {t.rank}: no answer to its join from "
-                              f"{', '.join(t.describe(r) for r in missing)} within {timeout:g} s")
+            raise RejoinError(f"rank {net.rank}: no answer to its join from "
+                              f"{', '.join(net.describe(r) for r in missing)} within {timeout:g} s")
         rounds = {}
         for src, welcome in sorted(self._welcomes.items()):
             if welcome.get("dropped"):
@@ -282,7 +310,7 @@ class Membership:
                 rounds[src] = int(welcome["round"])
             for entry in welcome["lost"]:
                 rank = entry[0] if isinstance(entry, list) and entry else None
-                if isinstance(rank, int) and rank != t.rank and rank not in self.lost:
+                if isinstance(rank, int) and rank != net.rank and rank not in self.lost:
                     # Our links to it will never come up, so we could not tell ourselves.
                     self.lost[rank] = Loss(rank, checkpoint_round,
                                            f"lost before this peer restarted (reported by "
@@ -292,7 +320,7 @@ class Membership:
         if others and len(restarting) == len(others):  # the whole job restarts together
             if set(restarting.values()) != {checkpoint_round}:
                 raise RejoinError(
-                    f"rank {t.rank}: every peer is restarting, but from checkpoints of "
+                    f"rank {net.rank}: every peer is restarting, but from checkpoints of "
                     f"different rounds ({checkpoint_round} here, "
                     f"{', '.join(f'{c} on peer {r}' for r, c in sorted(restarting.items()))}); "
                     f"restart them from checkpoints of one round")
@@ -305,7 +333,7 @@ class Membership:
                 self._send(dst, RESUME, {"round": start, "skip": self.skip_through})
         self.round = start
         # What the old incarnation was sent for earlier rounds is of no use any more.
-        t.pending.discard_before(start)
+        net.discard_before(start)
         self._welcomes.clear()
         return start
 

@@ -5,47 +5,31 @@ order. Per-pair ordering is FIFO, which the strategies rely on for multi-part ex
 With CURVE keys every socket authenticates and encrypts (ipc twins included): the PULL socket
 is a CURVE server that lets in only the topology's keys (auth.py), each PUSH a CURVE client.
 Without keys, large frames to peers on this machine go through shared memory (shm.py).
+The sockets' settings are sockets.py's, the Unix-socket twin of a local peer endpoints.py's.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
-import tempfile
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 import zmq
 
 from gossip.errors import PeerTimeout, ProtocolError, TransportError
 from gossip.keys import CurveKeys, for_rank
 from gossip.transport import codec, shm
-from gossip.transport.auth import DOMAIN, ZapHandler
-from gossip.transport.base import BYE, Transport, log
+from gossip.transport.auth import ZapHandler
+from gossip.transport.base import BYE, Transport
+from gossip.transport.endpoints import bind_address, local_ipc
 from gossip.transport.memory import keep_freed_buffers
 from gossip.transport.message import Message
 from gossip.transport.monitor import ConnectionWatch, LinkWatch
+from gossip.transport.shm_segments import is_envelope
+from gossip.transport.sockets import CURVE_FRAME_OVERHEAD, Tracker, pull_socket, push_socket
 
-# Queue depth, in messages, of each PUSH socket and of each connection into a PULL socket.
-# It bounds the count of messages a strategy may have in flight to one peer (reaching it makes
-# send wait, then raise PeerTimeout), not memory: a PULL socket may hold up to HWM messages of
-# up to max_message_bytes per sender before the application reads them (docs/ARCHITECTURE.md).
-HWM = 10_000
-# A CURVE message frame carries its payload plus "\x07MESSAGE", an 8-byte nonce, a 16-byte MAC
-# and a flags byte, and ZMQ_MAXMSGSIZE applies to that frame (measured with libzmq 4.3.5).
-CURVE_FRAME_OVERHEAD = 33
-# Kernel socket buffers: the 208 KiB default splits every large frame into many writes, each
-# waking the receiver's I/O thread. 0 keeps the OS default. Capped by net.core.[rw]mem_max.
-SOCKET_BUFFER_BYTES = 4 << 20
 # A peer is declared dead once our connection to it has been down this long (default).
 DEAD_AFTER_S = 5.0
-# ZMTP heartbeats on our connections: a ping every HEARTBEAT_S, the connection dropped when
-# nothing answers within half the peer timeout, and never sooner than HEARTBEAT_MIN_S.
-# Generous on purpose: a ping queues behind a large message, and a false alarm would drop a
-# connection with messages on it.
-HEARTBEAT_S = 1.0
-HEARTBEAT_MIN_S = 5.0
 # No valid message has more frames: a shared-memory envelope, the header, MAX_TENSORS tensors.
 MAX_FRAMES = 2 + codec.MAX_TENSORS
 # While a receive waits, the connection monitors are read this often (and whenever the
@@ -76,7 +60,7 @@ class ZmqTransport(Transport):
     def __init__(self, rank: int, endpoints: Sequence[str], *, local_ipc: bool = True,
                  shared_memory: bool = True, keys: CurveKeys | None = None,
                  dead_after: float = DEAD_AFTER_S, **kwargs):
-        super().__init__(rank, **kwargs)
+        super().__init__(rank, size=len(endpoints), **kwargs)
         if not dead_after > 0:
             raise TransportError(f"dead_after must be > 0 seconds, got {dead_after!r}")
         self.use_ipc = local_ipc
@@ -86,7 +70,6 @@ class ZmqTransport(Transport):
             raise TransportError(f"rank {rank}: CURVE keys are for rank {keys.rank} of "
                                  f"{len(keys.peers)} peers, not rank {rank} of {len(endpoints)}")
         self.endpoints = list(endpoints)
-        self.size = len(endpoints)
         self.keys = keys
         self._ctx: zmq.Context | None = None
         self._pull: zmq.Socket | None = None
@@ -114,24 +97,10 @@ class ZmqTransport(Transport):
         keep_freed_buffers()  # before the I/O thread starts, so it shares the tuned arena
         # One I/O thread: the connection watch relies on its events coming in order.
         self._ctx = zmq.Context(io_threads=1)
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.setsockopt(zmq.RCVHWM, HWM)
-        # Refused by libzmq before it allocates; the header check also sees multi-frame totals.
-        max_frame = self.max_message_bytes + (CURVE_FRAME_OVERHEAD if self.keys else 0)
-        self._pull.setsockopt(zmq.MAXMSGSIZE, max_frame)
-        self._pull.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES or -1)
         if self.keys is not None:
             self._zap = ZapHandler(self._ctx, self.keys)
-            self._pull.curve_server = True
-            self._pull.curve_secretkey = self.keys.secret.encode("ascii")
-            self._pull.zap_domain = DOMAIN
-            # Without this, libzmq lets every CURVE client in if the ZAP handler is gone.
-            try:
-                self._pull.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
-            except (AttributeError, zmq.ZMQError):  # libzmq < 4.3: the handler must not fail
-                log.warning("rank %d: this libzmq cannot enforce ZAP (ZMQ_ZAP_ENFORCE_DOMAIN)",
-                            self.rank)
+        max_frame = self.max_message_bytes + (CURVE_FRAME_OVERHEAD if self.keys else 0)
+        self._pull = pull_socket(self._ctx, max_frame=max_frame, keys=self.keys)
         self._watch = ConnectionWatch(self._pull, self.reject, max_frame_bytes=max_frame,
                                       curve=self.keys is not None,
                                       denials=self._zap.denials if self._zap else None,
@@ -139,7 +108,7 @@ class ZmqTransport(Transport):
         endpoint = self.endpoints[self.rank]
         twin = local_ipc(endpoint)
         try:
-            self._pull.bind(_bind_address(endpoint))
+            self._pull.bind(bind_address(endpoint))
             # The TCP bind above is the lock on this port, so the ipc path is ours to take.
             if twin:  # bound even if we do not use it: others may
                 self._pull.bind(twin)
@@ -161,18 +130,7 @@ class ZmqTransport(Transport):
             if not 0 <= dst < len(self.endpoints):
                 raise TransportError(f"rank {self.rank}: no peer {dst} (there are "
                                      f"{len(self.endpoints)})")
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, HWM)
-            sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES or -1)
-            sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT,
-                            int(max(self.timeout / 2, HEARTBEAT_MIN_S) * 1000))
-            if self.keys is not None:
-                sock.curve_serverkey = self.keys.peers[dst].encode("ascii")
-                sock.curve_publickey = self.keys.public.encode("ascii")
-                sock.curve_secretkey = self.keys.secret.encode("ascii")
+            sock = push_socket(self._ctx, dst, timeout=self.timeout, keys=self.keys)
             self._links.add(dst, sock)
             endpoint = self.endpoints[dst]
             sock.connect((self.use_ipc and local_ipc(endpoint)) or endpoint)
@@ -208,7 +166,7 @@ class ZmqTransport(Transport):
                 frame = zmq.Frame(array, copy=False, track=track)
                 parts.append(frame)
                 if track:
-                    trackers.append(_Tracker(frame.tracker))
+                    trackers.append(Tracker(frame.tracker))
         if placed:
             parts.insert(0, outbox.envelope(placed))
         try:
@@ -234,8 +192,7 @@ class ZmqTransport(Transport):
     def _send_own(self, dst: int, kind: str, meta: dict) -> None:
         """Send one of ``own_kinds`` (no tensors, not kept for a rejoin)."""
         header, _ = codec.encode(Message(kind=kind, round=-1, meta=meta), self.rank)
-        self._send_frames(dst, header, [])
-        self.stats.sent(kind, len(header))
+        self._send_encoded(dst, kind, header, [])
 
     def _validate_internal(self, msg: Message) -> None:
         shm.validate(msg)
@@ -245,7 +202,7 @@ class ZmqTransport(Transport):
 
     def _recv_frames(self, timeout: float) -> list | None:
         frames = self._receive(timeout)
-        if frames is None or not shm.is_envelope(frames[0]):
+        if frames is None or not is_envelope(frames[0]):
             return frames
         try:
             return self._shm.open(frames)
@@ -378,42 +335,3 @@ class ZmqTransport(Transport):
             self.open()
         return self
 
-
-class _Tracker:
-    def __init__(self, tracker: zmq.MessageTracker):
-        self._tracker = tracker
-
-    def wait(self, timeout: float) -> bool:
-        try:
-            self._tracker.wait(timeout)
-            return True
-        except zmq.NotDone:
-            return False
-
-
-def local_ipc(endpoint: str) -> str | None:
-    """The Unix-socket twin of a loopback TCP endpoint, else None.
-
-    Peers on a loopback address are on this machine, and a Unix socket moves bytes with less
-    kernel work than TCP (like MPI's shared-memory path within a node). Both ends derive the
-    path from the port alone, so they agree without talking.
-    """
-    parts = urlsplit(endpoint)
-    if parts.scheme != "tcp" or parts.hostname not in _LOOPBACK:
-        return None
-    return f"ipc://{tempfile.gettempdir()}/gossip-{parts.port}.sock"
-
-
-_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-
-
-def _bind_address(endpoint: str) -> str:
-    """Bind to the endpoint's IP; a host name binds every interface (it may not resolve here)."""
-    parts = urlsplit(endpoint)
-    if parts.scheme != "tcp":
-        return endpoint
-    try:
-        ipaddress.ip_address(parts.hostname or "")
-        return endpoint
-    except ValueError:
-        return f"{parts.scheme}://*:{parts.port}"

@@ -29,7 +29,7 @@ from gossip.peer import Peer
 from gossip.strategies.matcha import Matcha, MatchaOptions
 from gossip.topology import Topology
 from gossip.transport import LoopbackHub, Message
-from gossip.transport.zmq import local_ipc
+from gossip.transport.endpoints import local_ipc
 
 DEAD_AFTER = 0.5
 TIMEOUT = 10.0  # far above what detection takes: a wait that ends by timeout fails the test

@@ -29,10 +29,11 @@ from gossip.cluster import (
     parse_rate,
     unavailable_reason,
 )
+from gossip.cluster import iproute
 from gossip.cluster import netns as netns_module
 from gossip.errors import ConfigError
 from gossip.metrics import read_jsonl
-from gossip.transport.zmq import local_ipc
+from gossip.transport.endpoints import local_ipc
 
 PROC_TIMEOUT_S = 60
 
@@ -46,7 +47,7 @@ def netns() -> None:
 
 def leftovers(prefix: str) -> list[str]:
     """Namespaces and root-namespace links of cluster ``prefix`` that still exist."""
-    namespaces, links = netns_module._listing()
+    namespaces, links = iproute.listing()
     return [name for name in namespaces + links
             if name.startswith((f"gossip-{prefix}-", f"gv-{prefix}-")) or name == f"gb-{prefix}"]
 
@@ -83,11 +84,11 @@ def test_bad_arguments_name_the_argument(kwargs, culprit):
 
 
 def test_missing_root_or_iproute2_is_one_clear_line(monkeypatch):
-    monkeypatch.setattr(netns_module.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(iproute.os, "geteuid", lambda: 1000)
     with pytest.raises(NetnsUnavailable, match="needs root"):
         check_available()
-    monkeypatch.setattr(netns_module.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(netns_module.shutil, "which", lambda tool: None if tool == "tc" else tool)
+    monkeypatch.setattr(iproute.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(iproute.shutil, "which", lambda tool: None if tool == "tc" else tool)
     with pytest.raises(NetnsUnavailable, match="`tc` not found: .* needs iproute2"):
         check_available()
 
@@ -103,12 +104,12 @@ def test_setup_gives_each_rank_its_ip_and_teardown_leaves_nothing(netns):
             [*cluster.namespaces, *(f"gv-{prefix}-{r}" for r in range(3)), cluster.bridge])
         for rank in range(3):
             assert cluster.host(rank) == f"10.77.0.{rank + 1}"
-            addr = netns_module.run(["ip", "-n", cluster.namespace(rank), "-4", "-o", "addr",
-                                     "show", "dev", "eth0"]).stdout
+            addr = iproute.run(["ip", "-n", cluster.namespace(rank), "-4", "-o", "addr",
+                                "show", "dev", "eth0"]).stdout
             assert f"inet {cluster.host(rank)}/24" in addr
             for where in (["-n", cluster.namespace(rank), "qdisc", "show", "dev", "eth0"],
                           ["qdisc", "show", "dev", f"gv-{prefix}-{rank}"]):
-                (qdisc,) = json.loads(netns_module.run(["tc", "-j", *where, "root"]).stdout)
+                (qdisc,) = json.loads(iproute.run(["tc", "-j", *where, "root"]).stdout)
                 assert qdisc["kind"] == "tbf" and qdisc["options"]["rate"] == 100e6 / 8
         raise RuntimeError("body failed")
     assert leftovers(prefix) == []
@@ -116,7 +117,7 @@ def test_setup_gives_each_rank_its_ip_and_teardown_leaves_nothing(netns):
 
 @pytest.mark.parametrize("fail", [NetnsError("injected"), KeyboardInterrupt()])
 def test_failure_half_way_removes_what_was_created(netns, monkeypatch, fail):
-    real_run = netns_module.run
+    real_run = iproute.run
     seen: list[list[str]] = []
 
     def flaky(argv, **kwargs):
@@ -135,20 +136,20 @@ def test_failure_half_way_removes_what_was_created(netns, monkeypatch, fail):
 
 def test_setup_errors_name_the_command_and_never_delete_foreign_names(netns, monkeypatch):
     cluster = VirtualCluster(2)
-    cluster.prefix = netns_module._free_prefix()
-    foreign = netns_module.ns_name(cluster.prefix, 1)
-    netns_module.run(["ip", "netns", "add", foreign])
+    cluster.prefix = iproute.free_prefix()
+    foreign = iproute.ns_name(cluster.prefix, 1)
+    iproute.run(["ip", "netns", "add", foreign])
     try:
         # A name in use is refused up front...
         with pytest.raises(NetnsError, match=f"prefix '{cluster.prefix}' is in use"):
             cluster.open()
         # ...and a collision during setup names the failed command.
-        monkeypatch.setattr(netns_module, "_prefixes_in_use", lambda: set())
+        monkeypatch.setattr(netns_module, "prefixes_in_use", lambda: set())
         with pytest.raises(NetnsError, match=f"`ip netns add {foreign}` failed .*exists"):
             cluster.open()
         assert leftovers(cluster.prefix) == [foreign]
     finally:
-        netns_module.run(["ip", "netns", "del", foreign], check=False)
+        iproute.run(["ip", "netns", "del", foreign], check=False)
 
 
 def test_sigterm_tears_down_and_cleanup_stale_removes_a_killed_run(netns):
@@ -177,7 +178,7 @@ def test_sigterm_tears_down_and_cleanup_stale_removes_a_killed_run(netns):
             else:
                 assert proc.wait(timeout=PROC_TIMEOUT_S) == 0
                 stale = leftovers(prefix)
-                assert len(stale) == 5 and netns_module._ns_pids(stale)  # sleep still inside
+                assert len(stale) == 5 and iproute.namespace_pids(stale)  # sleep still inside
                 assert sorted(cleanup_stale(prefix)) == sorted(stale)
                 assert leftovers(prefix) == []
         finally:

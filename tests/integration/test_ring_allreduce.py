@@ -14,7 +14,7 @@ import zmq
 
 from gossip.peer import Peer
 from gossip.transport import Message, codec
-from gossip.transport.zmq import local_ipc
+from gossip.transport.endpoints import local_ipc
 
 SIZES = [1, 2, 3, 4, 5, 7, 8]
 

@@ -45,8 +45,8 @@ PROBE = textwrap.dedent("""
         return total / 1e9
 
     def work_copy():
-        from gossip.transport import shm
-        box = shm.Outbox(64 << 20)
+        from gossip.transport import shm_segments
+        box = shm_segments.Outbox(64 << 20)
         frame = torch.ones(4 << 20, dtype=torch.uint8)
         for _ in range(50):
             offset, nbytes = box.put(frame)

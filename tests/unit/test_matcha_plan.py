@@ -22,7 +22,7 @@ from scipy.optimize import linprog
 
 from gossip.cli import main
 from gossip.errors import ConfigError, TopologyError
-from gossip.topology import Topology, matcha
+from gossip.topology import Topology, matcha, matcha_solver
 from gossip.topology import matchings as colouring
 from gossip.topology.matcha import MatchaPlan
 
@@ -247,7 +247,7 @@ def test_full_budget_activates_everything():
 
 def dense_alpha(plan: MatchaPlan) -> tuple[float, float]:
     """argmin and min of ||E[W^T W] - J||_2 on a dense alpha grid, zoomed in."""
-    mean, var = matcha.expected_matrices(plan.laplacians(), np.array(plan.probabilities))
+    mean, var = matcha_solver.expected_matrices(plan.laplacians(), np.array(plan.probabilities))
     size = plan.size
     j = np.full((size, size), 1.0 / size)
     square = mean @ mean + 2 * var
@@ -282,7 +282,7 @@ def test_alpha_solves_the_spec_sdp(name):
     """(a, b, s) = (alpha, alpha^2, rho) is feasible for the spec's SDP, and no b > a^2
     helps: the SDP optimum is the 1-D minimum."""
     plan = matcha.plan(GRAPHS[name], 0.5)
-    mean, var = matcha.expected_matrices(plan.laplacians(), np.array(plan.probabilities))
+    mean, var = matcha_solver.expected_matrices(plan.laplacians(), np.array(plan.probabilities))
     size, square = plan.size, mean @ mean + 2 * var
     j = np.full((size, size), 1.0 / size)
 

@@ -21,7 +21,7 @@ import zmq
 from gossip.errors import PeerTimeout
 from gossip.keys import CurveKeys
 from gossip.netutil import free_ports
-from gossip.transport import Message, ZmqTransport, codec, shm
+from gossip.transport import Message, ZmqTransport, codec, shm_segments
 
 KiB = 1024
 BIG = codec.ZERO_COPY_MIN_BYTES  # the smallest frame that goes through shared memory
@@ -32,12 +32,12 @@ BIG = codec.ZERO_COPY_MIN_BYTES  # the smallest frame that goes through shared m
 
 @pytest.fixture
 def outbox():
-    box = shm.Outbox(1 << 20)
+    box = shm_segments.Outbox(1 << 20)
     yield box
     box.close()
 
 
-def place(box: shm.Outbox, nbytes: int) -> int | None:
+def place(box: shm_segments.Outbox, nbytes: int) -> int | None:
     where = box.put(torch.full((nbytes,), 7, dtype=torch.uint8))
     return None if where is None else where[0]
 
@@ -45,7 +45,7 @@ def place(box: shm.Outbox, nbytes: int) -> int | None:
 def test_records_are_aligned_and_hold_the_bytes(outbox):
     frame = torch.arange(BIG + 1000, dtype=torch.int64).to(torch.uint8)
     offset, nbytes = outbox.put(frame)
-    assert nbytes == BIG + 1000 and offset % shm.ALIGN == 0
+    assert nbytes == BIG + 1000 and offset % shm_segments.ALIGN == 0
     assert bytes(outbox._map[offset:offset + nbytes]) == frame.numpy().tobytes()
 
 
@@ -54,7 +54,7 @@ def test_small_frames_stay_in_the_socket_message(outbox):
 
 
 def test_freed_space_is_reused_lowest_first_and_full_means_none(outbox):
-    quarter = (1 << 20) // 4 - shm.RECORD_HEADER  # the largest frame a segment takes
+    quarter = (1 << 20) // 4 - shm_segments.RECORD_HEADER  # the largest frame a segment takes
     first = [place(outbox, quarter) for _ in range(3)]
     assert all(offset is not None for offset in first)
     assert place(outbox, quarter) is None  # 3 records + the token leave less than a record
@@ -71,7 +71,7 @@ def test_frames_too_large_for_a_segment_are_refused(outbox):
 
 
 def test_a_machine_out_of_memory_means_the_socket_not_a_crash(monkeypatch, caplog):
-    box = shm.Outbox(64 << 20)
+    box = shm_segments.Outbox(64 << 20)
     try:
         assert place(box, BIG) is not None  # reserves the first 16 MiB
         calls = []
@@ -93,40 +93,40 @@ def test_a_machine_out_of_memory_means_the_socket_not_a_crash(monkeypatch, caplo
 # -- the receiver's side ----------------------------------------------------------------
 
 
-def offered(box: shm.Outbox, inbox: shm.Inbox, src: int = 1) -> None:
+def offered(box: shm_segments.Outbox, inbox: shm_segments.Inbox, src: int = 1) -> None:
     assert inbox.attach(src, box.offer()) is None
 
 
-def envelope_frames(box: shm.Outbox, tensors: list[torch.Tensor]) -> list:
+def envelope_frames(box: shm_segments.Outbox, tensors: list[torch.Tensor]) -> list:
     msg = Message("gossip", 0, buffers=tuple(tensors))
     header, frames = codec.encode(msg, 1)
     entries = [(i, *box.put(f)) for i, f in enumerate(frames, 1)]
     return [box.envelope(entries), header] + [b""] * len(frames)
 
 
-def state(box: shm.Outbox, data_offset: int) -> int:
-    return int(box._states[(data_offset - shm.RECORD_HEADER) // 8])
+def state(box: shm_segments.Outbox, data_offset: int) -> int:
+    return int(box._states[(data_offset - shm_segments.RECORD_HEADER) // 8])
 
 
 def test_a_received_frame_is_freed_once_nothing_refers_to_it(outbox):
-    inbox = shm.Inbox()
+    inbox = shm_segments.Inbox()
     offered(outbox, inbox)
     x = torch.arange(BIG // 8 + 1, dtype=torch.float64)
     frames = envelope_frames(outbox, [x])
-    offset = shm._ENTRY.unpack_from(frames[0], len(shm.MAGIC) + shm._HEAD.size)[1]
+    offset = shm_segments._ENTRY.unpack_from(frames[0], len(shm_segments.MAGIC) + shm_segments._HEAD.size)[1]
     msg = codec.decode(inbox.open(frames))
-    assert torch.equal(msg.buffers[0], x) and state(outbox, offset) == shm.BUSY
+    assert torch.equal(msg.buffers[0], x) and state(outbox, offset) == shm_segments.BUSY
     view = msg.buffers[0][10:20]
     del msg, frames
     gc.collect()
-    assert state(outbox, offset) == shm.BUSY  # a view still refers to it
+    assert state(outbox, offset) == shm_segments.BUSY  # a view still refers to it
     assert view[0].item() == 10.0
     del view
-    assert state(outbox, offset) == shm.FREE
+    assert state(outbox, offset) == shm_segments.FREE
 
 
 def test_a_frame_outlives_its_senders_segment():
-    box, inbox = shm.Outbox(1 << 20), shm.Inbox()
+    box, inbox = shm_segments.Outbox(1 << 20), shm_segments.Inbox()
     offered(box, inbox)
     x = torch.linspace(-1, 1, BIG // 4 + 5)
     msg = codec.decode(inbox.open(envelope_frames(box, [x])))
@@ -136,7 +136,7 @@ def test_a_frame_outlives_its_senders_segment():
 
 
 def test_an_offer_of_anything_but_a_gossip_segment_is_refused(outbox):
-    inbox = shm.Inbox()
+    inbox = shm_segments.Inbox()
     with tempfile.TemporaryFile() as other:
         other.truncate(1 << 20)
         offer = {**outbox.offer(), "fd": other.fileno()}
@@ -157,14 +157,14 @@ def test_an_offer_of_anything_but_a_gossip_segment_is_refused(outbox):
     (lambda f: [f[0] + b"\0"] + f[1:], "does not hold 1 entries"),
     (lambda f: [f[0], f[1], b"x"], "not an empty placeholder"),
     (lambda f: [f[0], f[1]], "not an empty placeholder"),  # index past the frames
-    (lambda f: [entry(f[0], offset=shm.ALIGN)] + f[1:], "outside the sender's segment"),
-    (lambda f: [entry(f[0], offset=4 * shm.ALIGN + 8)] + f[1:], "outside"),  # misaligned
+    (lambda f: [entry(f[0], offset=shm_segments.ALIGN)] + f[1:], "outside the sender's segment"),
+    (lambda f: [entry(f[0], offset=4 * shm_segments.ALIGN + 8)] + f[1:], "outside"),  # misaligned
     (lambda f: [entry(f[0], nbytes=1 << 20)] + f[1:], "outside the sender's segment"),
     (lambda f: [entry(f[0], nbytes=0)] + f[1:], "outside the sender's segment"),
     (lambda f: [f[0][:21] + b"\1" * 16 + f[0][37:]] + f[1:], "cannot map"),  # token
 ])
 def test_a_broken_envelope_is_refused_by_name(outbox, damage, reason):
-    inbox = shm.Inbox()
+    inbox = shm_segments.Inbox()
     offered(outbox, inbox)
     frames = envelope_frames(outbox, [torch.ones(BIG)])
     with pytest.raises(Exception, match=reason):
@@ -173,11 +173,11 @@ def test_a_broken_envelope_is_refused_by_name(outbox, damage, reason):
 
 def entry(envelope: bytes, **fields) -> bytes:
     """``envelope`` with its first entry's fields replaced."""
-    at = len(shm.MAGIC) + shm._HEAD.size
-    index, offset, nbytes = shm._ENTRY.unpack_from(envelope, at)
+    at = len(shm_segments.MAGIC) + shm_segments._HEAD.size
+    index, offset, nbytes = shm_segments._ENTRY.unpack_from(envelope, at)
     values = {"index": index, "offset": offset, "nbytes": nbytes, **fields}
-    packed = shm._ENTRY.pack(values["index"], values["offset"], values["nbytes"])
-    return envelope[:at] + packed + envelope[at + shm._ENTRY.size:]
+    packed = shm_segments._ENTRY.pack(values["index"], values["offset"], values["nbytes"])
+    return envelope[:at] + packed + envelope[at + shm_segments._ENTRY.size:]
 
 
 # -- between transports -------------------------------------------------------------------
@@ -244,7 +244,7 @@ def test_a_frame_changed_in_place_and_sent_on_arrives_changed(transports):
 
 
 def test_a_receiver_keeping_frames_makes_the_rest_go_over_the_socket(transports, monkeypatch):
-    monkeypatch.setattr(shm, "SEGMENT_BYTES", 4 << 20)  # room for 7 frames of 512 KiB
+    monkeypatch.setattr(shm_segments, "SEGMENT_BYTES", 4 << 20)  # room for 7 frames of 512 KiB
     t0, t1 = transports(2)
     handshake(t0, t1)
     kept = []
@@ -267,7 +267,7 @@ def test_a_receiver_keeping_frames_makes_the_rest_go_over_the_socket(transports,
 def test_a_restarted_receiver_gets_a_fresh_segment(transports, monkeypatch):
     """Records the old process held are never freed; its successor (rejoining with
     ctl.join) must not inherit the clogged segment."""
-    monkeypatch.setattr(shm, "SEGMENT_BYTES", 4 << 20)
+    monkeypatch.setattr(shm_segments, "SEGMENT_BYTES", 4 << 20)
     t0, t1 = transports(2)
     handshake(t0, t1)
     held = []  # what the old process held when it died: never freed
@@ -334,7 +334,7 @@ def test_the_environment_turns_shared_memory_off(monkeypatch):
 
 def test_a_broken_envelope_is_rejected_and_the_peer_goes_on(transports, reasons):
     t0, _ = transports(2)
-    box = shm.Outbox(1 << 20)
+    box = shm_segments.Outbox(1 << 20)
     try:
         push = zmq.Context.instance().socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 1000)
@@ -342,7 +342,7 @@ def test_a_broken_envelope_is_rejected_and_the_peer_goes_on(transports, reasons)
         frames = envelope_frames(box, [torch.ones(BIG)])
         push.send_multipart([entry(frames[0], nbytes=1 << 30)] + frames[1:])
         push.send_multipart(frames)  # never offered, but mappable: a restarted receiver
-        push.send_multipart([shm.MAGIC])
+        push.send_multipart([shm_segments.MAGIC])
         msg = t0.recv(kind="gossip")
         assert torch.equal(msg.buffers[0], torch.ones(BIG))
         with pytest.raises(PeerTimeout):

@@ -22,8 +22,8 @@ import zmq
 from gossip.errors import PeerTimeout, TransportError
 from gossip.netutil import free_ports
 from gossip.transport import LoopbackHub, Message, ZmqTransport, codec, monitor
-from gossip.transport.base import REJECTED
-from gossip.transport.zmq import local_ipc
+from gossip.transport.stats import REJECTED
+from gossip.transport.endpoints import local_ipc
 
 # Tests that send through Transport.send also run with TCP between the ZeroMQ peers;
 # receive-only tests inject raw frames, which go over TCP anyway.

@@ -1,0 +1,86 @@
+"""The ZeroMQ sockets of a ZmqTransport, as it sets them up: queue depths, kernel buffers,
+size limit, heartbeats and CURVE."""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from gossip.keys import CurveKeys
+from gossip.transport.auth import DOMAIN
+
+log = logging.getLogger("gossip.transport")
+
+# Queue depth, in messages, of each PUSH socket and of each connection into a PULL socket.
+# It bounds the count of messages a strategy may have in flight to one peer (reaching it makes
+# send wait, then raise PeerTimeout), not memory: a PULL socket may hold up to HWM messages of
+# up to max_message_bytes per sender before the application reads them (docs/ARCHITECTURE.md).
+HWM = 10_000
+# A CURVE message frame carries its payload plus "\x07MESSAGE", an 8-byte nonce, a 16-byte MAC
+# and a flags byte, and ZMQ_MAXMSGSIZE applies to that frame (measured with libzmq 4.3.5).
+CURVE_FRAME_OVERHEAD = 33
+# Kernel socket buffers: the 208 KiB default splits every large frame into many writes, each
+# waking the receiver's I/O thread. 0 keeps the OS default. Capped by net.core.[rw]mem_max.
+SOCKET_BUFFER_BYTES = 4 << 20
+# ZMTP heartbeats on our connections: a ping every HEARTBEAT_S, the connection dropped when
+# nothing answers within half the peer timeout, and never sooner than HEARTBEAT_MIN_S.
+# Generous on purpose: a ping queues behind a large message, and a false alarm would drop a
+# connection with messages on it.
+HEARTBEAT_S = 1.0
+HEARTBEAT_MIN_S = 5.0
+
+
+def pull_socket(context: zmq.Context, *, max_frame: int, keys: CurveKeys | None) -> zmq.Socket:
+    """A peer's receiving socket, not yet bound; with ``keys`` a CURVE server whose clients
+    the context's ZAP handler (auth.py) must let in."""
+    pull = context.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.setsockopt(zmq.RCVHWM, HWM)
+    # Refused by libzmq before it allocates; the header check also sees multi-frame totals.
+    pull.setsockopt(zmq.MAXMSGSIZE, max_frame)
+    pull.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES or -1)
+    if keys is not None:
+        pull.curve_server = True
+        pull.curve_secretkey = keys.secret.encode("ascii")
+        pull.zap_domain = DOMAIN
+        # Without this, libzmq lets every CURVE client in if the ZAP handler is gone.
+        try:
+            pull.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        except (AttributeError, zmq.ZMQError):  # libzmq < 4.3: the handler must not fail
+            log.warning("rank %d: this libzmq cannot enforce ZAP (ZMQ_ZAP_ENFORCE_DOMAIN)",
+                        keys.rank)
+    return pull
+
+
+def push_socket(context: zmq.Context, dst: int, *, timeout: float,
+                keys: CurveKeys | None) -> zmq.Socket:
+    """A socket sending to ``dst``, not yet connected: a send waits at most ``timeout``
+    seconds for room; with ``keys`` a CURVE client that only talks to ``dst``'s key."""
+    sock = context.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, HWM)
+    sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES or -1)
+    sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(max(timeout / 2, HEARTBEAT_MIN_S) * 1000))
+    if keys is not None:
+        sock.curve_serverkey = keys.peers[dst].encode("ascii")
+        sock.curve_publickey = keys.public.encode("ascii")
+        sock.curve_secretkey = keys.secret.encode("ascii")
+    return sock
+
+
+class Tracker:
+    """A zero-copy frame's tracker as ``Delivery`` waits for it."""
+
+    def __init__(self, tracker: zmq.MessageTracker):
+        self._tracker = tracker
+
+    def wait(self, timeout: float) -> bool:
+        """True once libzmq no longer reads the frame; False after ``timeout`` seconds."""
+        try:
+            self._tracker.wait(timeout)
+            return True
+        except zmq.NotDone:
+            return False
