@@ -3,9 +3,30 @@ wrappers, and a consensus step that converges out of the box."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gossip.compress import Compressor, ErrorFeedback, MomentumCorrection
 from gossip.compress.wrappers import Clip, Wrapper
 from gossip.errors import ConfigError
+from gossip.strategies.options import Options, in_unit_interval, option
+
+
+@dataclass(frozen=True)
+class ChocoOptions(Options):
+    """The options of a gossip strategy that runs CHOCO when given a compressor."""
+
+    compressor: Compressor | None = option(
+        None, "exchange compressed differences to public copies, CHOCO-Gossip (see `gossip "
+              "compressors`)")
+    gamma: float | None = option(None, "CHOCO's consensus step in (0, 1] (default: from the "
+                                       "compressor's quality)", check=in_unit_interval)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.compressor is None and self.gamma is not None:
+            raise ConfigError("gamma is CHOCO's consensus step: it needs a compressor")
+        if self.compressor is not None:
+            check_choco_compressor(self.compressor)
 
 
 def check_choco_compressor(compressor: Compressor) -> None:
