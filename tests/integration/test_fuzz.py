@@ -20,7 +20,6 @@ import math
 import random
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import msgpack
 import pytest
@@ -32,9 +31,8 @@ from hypothesis import strategies as st
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.peer import Peer
 from gossip.transport import ZmqTransport, codec
+from support import Reasons
 
-if TYPE_CHECKING:
-    from conftest import Reasons  # the `reasons` fixture's handler
 
 N = 16  # elements per gossip message
 MAX_MESSAGE_BYTES = 1 << 20
