@@ -30,6 +30,7 @@ from gossip.strategies.matcha import Matcha
 from gossip.topology import Topology
 from gossip.transport import LoopbackHub, Message
 from gossip.transport.zmq import local_ipc
+from support import wait_until
 
 DEAD_AFTER = 0.5
 TIMEOUT = 10.0  # far above what detection takes: a wait that ends by timeout fails the test
@@ -294,16 +295,13 @@ def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        deadline, pid = time.monotonic() + 90, None
-        while time.monotonic() < deadline:  # until the victim is a few rounds in
-            records = (read_jsonl(run_dir / f"peer-{victim}.jsonl")
-                       if (run_dir / f"peer-{victim}.jsonl").exists() else [])
-            if len(records) >= 8:
-                pid = _pid_of_rank(launch.pid, victim)
-                break
+        def victim_under_way() -> int | None:
             assert launch.poll() is None, launch.communicate()
-            time.sleep(0.05)
-        assert pid is not None, "the victim never got going"
+            path = run_dir / f"peer-{victim}.jsonl"
+            return path.exists() and len(read_jsonl(path)) >= 8 and _pid_of_rank(launch.pid,
+                                                                                   victim)
+
+        pid = wait_until(victim_under_way, 90, "the victim to get 8 rounds in")
         os.kill(pid, signal.SIGKILL)
         killed_after = len(read_jsonl(run_dir / f"peer-{victim}.jsonl"))
         out, err = launch.communicate(timeout=120)

@@ -15,11 +15,9 @@ keys anyone may send well-formed messages (test_security.py covers that).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import threading
-import time
 
 import msgpack
 import pytest
@@ -31,7 +29,7 @@ from hypothesis import strategies as st
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.peer import Peer
 from gossip.transport import ZmqTransport, codec
-from support import Reasons
+from support import Reasons, read_until, wait_connected, wait_until
 
 
 N = 16  # elements per gossip message
@@ -149,12 +147,12 @@ class Fuzzer:
 
     def settle(self, timeout: float = 20.0) -> None:
         """Wait until rank 0 has rejected everything sent; fail if it crashed or hangs."""
-        deadline = time.monotonic() + timeout
-        while len(self.reasons.reasons) < self.sent:
+        def all_rejected() -> bool:
             self.cluster.check()
-            assert time.monotonic() < deadline, (
-                f"rank 0 rejected {len(self.reasons.reasons)} of {self.sent} within {timeout} s")
-            time.sleep(0.002)
+            return len(self.reasons.reasons) >= self.sent
+
+        wait_until(all_rejected, timeout, f"rank 0 to reject all {self.sent} messages sent",
+                   max_interval=0.005)
         assert len(self.reasons.reasons) == self.sent, self.reasons.reasons[self.sent:]
         for index, text in self.expected:
             assert text in self.reasons.reasons[index], (index, text,
@@ -426,13 +424,13 @@ def test_nan_from_a_neighbour_never_reaches_the_model(local_topology, run_peers)
     def peer_main(rank: int) -> None:
         with Peer(rank, topology, "dpsgd", timeout=10.0) as peer:
             ready.wait()
-            if rank == 0:
-                time.sleep(0.3)  # the stranger's reconnect: its poison is queued up now
+            if rank == 0:  # the stranger reconnects: its poison streams in ahead of round 0's
+                wait_connected(sock, 10.0, "the stranger to reach rank 0")
             for rnd in range(rounds):
                 results[rnd, rank] = peer.synchronize(value(rnd, rank), rnd)
             if rank == 0:  # read whatever poison is left, for an exact count
-                with contextlib.suppress(PeerTimeout):
-                    peer.transport.recv(timeout=0.3)
+                read_until(peer.transport, lambda: peer.transport.stats.messages_rejected
+                           >= rounds, "rank 0 to reject all the stranger's poison")
             rejected[rank] = peer.stats["messages_rejected"]
 
     try:

@@ -40,7 +40,7 @@ def train_peers(topology, open_peer, run_peers, config: TrainConfig, *, lockstep
     def on_round(rank, record):
         records[rank].append(record)
         if pause and rank in pause and record["round"] < config.rounds - 1:
-            time.sleep(pause[rank])
+            time.sleep(pause[rank])  # the point: a peer late for the next round
 
     def main(rank):
         model = copy.deepcopy(initial)

@@ -73,8 +73,13 @@ PROBE = textwrap.dedent("""
         for t in threads: t.start()
         for t in threads: t.join(60)
 
-    time.sleep(0.3)  # the workers stop spinning after the warm-up region
-    before = pool_cpu()
+    # The workers spin a while after the warm-up region: wait until their CPU time stands still.
+    before, deadline = pool_cpu(), time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        before, last = pool_cpu(), before
+        if before == last:
+            break
     {"copy": work_copy, "rounds": work_rounds}[sys.argv[1]]()
     print(json.dumps(pool_cpu() - before))
 """)

@@ -4,7 +4,7 @@ some of them as fixtures.
 
 One job per module: peers (peers as threads, rounds over ZeroMQ or loopback), oracle
 (float64 reference results, input data), training (Peer.step on a tiny model), logs
-(rejection reasons).
+(rejection reasons), waiting (event waits with deadlines).
 """
 
 from support.logs import Reasons, rejection_reasons
@@ -12,9 +12,11 @@ from support.oracle import TOLERANCE, Oracle, peer_data
 from support.peers import (Rounds, assert_balanced, iterate_on_peers, make_local_topology,
                            open_peer, run_in_threads, run_rounds_on_peers)
 from support.training import Steps, TinyNet, run_training_steps
+from support.waiting import read_until, wait_connected, wait_until
 
 __all__ = [
     "TOLERANCE", "Oracle", "Reasons", "Rounds", "Steps", "TinyNet", "assert_balanced",
-    "iterate_on_peers", "make_local_topology", "open_peer", "peer_data",
+    "iterate_on_peers", "make_local_topology", "open_peer", "peer_data", "read_until",
     "rejection_reasons", "run_in_threads", "run_rounds_on_peers", "run_training_steps",
+    "wait_connected", "wait_until",
 ]
