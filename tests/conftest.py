@@ -1,4 +1,5 @@
-"""Fixtures over the helpers in tests/support (importable: ``from support import ...``)."""
+"""Fixtures over the helpers in tests/support (importable: ``from support import ...``), and
+the leak check every test passes through."""
 
 from __future__ import annotations
 
@@ -8,6 +9,25 @@ import pytest
 import torch
 
 import support
+from support import leaks
+
+
+def pytest_configure(config):
+    leaks.install()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Fail a test that leaves threads, ZeroMQ contexts or child processes behind.
+
+    Autouse fixtures are set up first and torn down last, so the check sees the test after
+    every other fixture of it has cleaned up.
+    """
+    before = leaks.Leaks.start()
+    yield
+    problem = before.check()
+    if problem:
+        pytest.fail(f"{request.node.nodeid} left behind {problem}", pytrace=False)
 
 
 @pytest.fixture

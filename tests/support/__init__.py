@@ -4,7 +4,7 @@ some of them as fixtures.
 
 One job per module: peers (peers as threads, rounds over ZeroMQ or loopback), oracle
 (float64 reference results, input data), training (Peer.step on a tiny model), logs
-(rejection reasons), waiting (event waits with deadlines).
+(rejection reasons), waiting (event waits with deadlines), leaks (what a test left behind).
 """
 
 from support.logs import Reasons, rejection_reasons
