@@ -30,7 +30,7 @@ from gossip.strategies.matcha import Matcha
 from gossip.topology import Topology
 from gossip.transport import LoopbackHub, Message
 from gossip.transport.zmq import local_ipc
-from support import wait_until
+from support import peer_once_all_bound, wait_until
 
 DEAD_AFTER = 0.5
 TIMEOUT = 10.0  # far above what detection takes: a wait that ends by timeout fails the test
@@ -55,11 +55,10 @@ def run_with_victim(run_peers, topology, strategy, *, x0, rounds, victim, dies_b
 
     def main(rank: int):
         results = []
-        peer = Peer(rank, topology, strategy, timeout=TIMEOUT, dead_after=DEAD_AFTER, **options)
         try:
-            with peer:
+            with peer_once_all_bound(rank, topology, strategy, all_bound, timeout=TIMEOUT,
+                                     dead_after=DEAD_AFTER, **options) as peer:
                 peers[rank] = peer
-                all_bound.wait()
                 x = x0[rank].clone()
                 for rnd in range(rounds):
                     if rnd == dies_before:

@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.peer import Peer
 from gossip.transport import ZmqTransport, codec
-from support import Reasons, read_until, wait_connected, wait_until
+from support import (Reasons, peer_once_all_bound, read_until, wait_connected,
+                     wait_until)
 
 
 N = 16  # elements per gossip message
@@ -422,8 +423,7 @@ def test_nan_from_a_neighbour_never_reaches_the_model(local_topology, run_peers)
                                  [poison.view(torch.uint8).numpy().tobytes()]))
 
     def peer_main(rank: int) -> None:
-        with Peer(rank, topology, "dpsgd", timeout=10.0) as peer:
-            ready.wait()
+        with peer_once_all_bound(rank, topology, "dpsgd", ready, timeout=10.0) as peer:
             if rank == 0:  # the stranger reconnects: its poison streams in ahead of round 0's
                 wait_connected(sock, 10.0, "the stranger to reach rank 0")
             for rnd in range(rounds):

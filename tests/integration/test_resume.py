@@ -27,7 +27,7 @@ from gossip.netutil import free_ports
 from gossip.peer import Peer
 from gossip.strategies.matcha import Matcha
 from gossip.training import train
-from support import wait_until
+from support import peer_once_all_bound, wait_until
 
 ROUNDS, EVERY, VICTIM = 40, 5, 2
 
@@ -57,8 +57,8 @@ def test_a_restarted_peer_rejoins_with_its_checkpointed_value(strategy, options,
     def main(rank: int) -> torch.Tensor:
         results, x, saved = [], x0[rank].clone(), None
         try:
-            with open_peer(rank) as peer:
-                all_bound.wait()
+            with peer_once_all_bound(rank, topology, strategy, all_bound, timeout=10,
+                                     dead_after=10, keep_for_rejoin=True, **options) as peer:
                 for rnd in range(rounds):
                     if rnd == checkpoint:
                         saved = x.clone()

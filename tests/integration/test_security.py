@@ -21,7 +21,7 @@ from gossip.keys import CurveKeys
 from gossip.netutil import free_ports
 from gossip.peer import Peer
 from gossip.transport import Message, ZmqTransport, codec
-from support import read_until
+from support import peer_once_all_bound, read_until
 
 ROUNDS = 12
 PLAINTEXT = "does not use CURVE|closed during the handshake"  # whichever side noticed first
@@ -103,8 +103,7 @@ def test_strangers_and_impostors_get_nothing_into_a_running_cluster(keyed_ring, 
     stats = [None] * 3
 
     def peer_main(rank: int) -> None:
-        with Peer(rank, keyed_ring, "dpsgd", timeout=10.0) as peer:
-            bound.wait()
+        with peer_once_all_bound(rank, keyed_ring, "dpsgd", bound, timeout=10.0) as peer:
             if rank == 0:  # the poison queues up before the honest messages
                 attacker.start()
                 assert queued.wait(10.0), "the attacker never got its poison out"

@@ -27,6 +27,7 @@ import torch
 from gossip.cluster import VirtualCluster, unavailable_reason
 from gossip.compress.sparse import k_for
 from gossip.peer import Peer
+from support import peer_once_all_bound
 
 SIZES = [1, 2, 3, 5, 6, 7, 8]
 NAMES = ["topk-allgather", "gtopk", "spardl"]
@@ -67,10 +68,10 @@ def run_specs(local_topology, run_peers, size: int, specs: list[Spec], *, inplac
     all_bound = threading.Barrier(size, timeout=timeout)
 
     def peer_main(rank: int) -> None:
-        with Peer(rank, topology, "ring-allreduce", timeout=timeout) as peer:
+        with peer_once_all_bound(rank, topology, "ring-allreduce", all_bound,
+                                 timeout=timeout) as peer:
             strategies = [peer.add_strategy(s.name, tag=f"s{i}", **s.options)
                           for i, s in enumerate(specs)]
-            all_bound.wait()
             for rnd in range(max(s.data.shape[0] for s in specs)):
                 for spec, strategy in zip(specs, strategies):
                     if rnd >= spec.data.shape[0]:

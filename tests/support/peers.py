@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from gossip.netutil import free_ports
 from gossip.peer import Peer
 from gossip.topology import Topology
-from gossip.transport import LoopbackHub
+from gossip.transport import LoopbackHub, ZmqTransport
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"  # the shipped files
 
@@ -75,6 +76,38 @@ def open_peer(rank: int, topology: Topology, strategy: str, *, hub: LoopbackHub 
     return Peer(rank, topology, strategy, timeout=timeout, transport=transport, **options)
 
 
+# Peer options that are its ZeroMQ transport's (see Peer.__enter__).
+TRANSPORT_OPTIONS = ("local_ipc", "dead_after", "key_file")
+
+
+@contextmanager
+def peer_once_all_bound(rank: int, topology: Topology, strategy: str,
+                        all_bound: threading.Barrier, *, hub: LoopbackHub | None = None,
+                        timeout: float = 10.0, **options) -> Iterator[Peer]:
+    """An open Peer, as open_peer's, that connects to the others only once every rank has
+    bound its address (``all_bound`` is a barrier of all ranks).
+
+    A Peer connects to its neighbours as it opens, and a connect to an address not bound yet
+    is retried only after ZeroMQ's 100 ms reconnect interval, which would dominate the run
+    time of most tests; so the transport is bound first and handed to the Peer. Other tests
+    cover peers starting in any order.
+    """
+    if hub is not None:
+        with open_peer(rank, topology, strategy, hub=hub, timeout=timeout, **options) as peer:
+            all_bound.wait()
+            yield peer
+        return
+    own = {key: options.pop(key) for key in TRANSPORT_OPTIONS if key in options}
+    transport = ZmqTransport.for_topology(rank, topology, timeout=timeout, **own).open()
+    try:
+        all_bound.wait()
+    except BaseException:
+        transport.close()
+        raise
+    with Peer(rank, topology, strategy, timeout=timeout, transport=transport, **options) as peer:
+        yield peer
+
+
 @dataclass
 class Rounds:
     """What ``run_rounds`` saw: ``results[round, rank]`` and each peer's final stats."""
@@ -88,9 +121,7 @@ def run_rounds_on_peers(topology: Topology, strategy: str, data: torch.Tensor, *
                         **options) -> Rounds:
     """Every peer synchronizes ``data[round, rank]`` (a fresh copy) for each round in turn.
 
-    Peers start sending once all have bound their sockets (a connect to a socket not bound
-    yet is retried only after ZeroMQ's 100 ms reconnect interval, which would dominate the
-    run time); other tests cover peers starting in any order.
+    Peers connect once all have bound their sockets (peer_once_all_bound).
     With ``inplace`` the result is written into the input (``out=x``). Checks that each
     result has the input's shape and dtype (and storage, in place), and that once all peers
     closed cleanly every byte and message sent was received and none was rejected.
@@ -103,8 +134,8 @@ def run_rounds_on_peers(topology: Topology, strategy: str, data: torch.Tensor, *
     all_bound = threading.Barrier(size, timeout=timeout)
 
     def peer_main(rank: int) -> None:
-        with open_peer(rank, topology, strategy, hub=hub, timeout=timeout, **options) as peer:
-            all_bound.wait()
+        with peer_once_all_bound(rank, topology, strategy, all_bound, hub=hub, timeout=timeout,
+                                 **options) as peer:
             for rnd in range(n_rounds):
                 x = data[rnd, rank].clone()
                 y = peer.synchronize(x, rnd, out=x if inplace else None)
@@ -131,8 +162,8 @@ def iterate_on_peers(topology: Topology, strategy: str, x0: torch.Tensor, rounds
     all_bound = threading.Barrier(size, timeout=timeout)
 
     def peer_main(rank: int) -> None:
-        with open_peer(rank, topology, strategy, hub=hub, timeout=timeout, **options) as peer:
-            all_bound.wait()
+        with peer_once_all_bound(rank, topology, strategy, all_bound, hub=hub, timeout=timeout,
+                                 **options) as peer:
             x = x0[rank].clone()
             for rnd in range(rounds):
                 x = peer.synchronize(x, rnd, out=x)

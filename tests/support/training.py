@@ -10,7 +10,7 @@ import torch
 from gossip.topology import Topology
 from gossip.transport import LoopbackHub
 
-from support.peers import open_peer, run_in_threads
+from support.peers import peer_once_all_bound, run_in_threads
 
 
 class TinyNet(torch.nn.Module):
@@ -58,8 +58,8 @@ def run_training_steps(topology: Topology, strategy: str, *, steps: int = 2, lr:
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         trainable = [p for p in model.parameters() if p.requires_grad]
         batches = torch.Generator().manual_seed(1000 + rank)
-        with open_peer(rank, topology, strategy, hub=hub, timeout=timeout) as peer:
-            all_bound.wait()
+        with peer_once_all_bound(rank, topology, strategy, all_bound, hub=hub,
+                                 timeout=timeout) as peer:
             for _ in range(steps):
                 inputs = torch.randn(5, 4, generator=batches)
                 targets = torch.randn(5, 1, generator=batches)
