@@ -123,8 +123,8 @@ def assert_consensus_kept_average(results: torch.Tensor, survivors: list[int], s
 
 @pytest.mark.parametrize("graph, victim, strategy, options", [
     ("ring", 3, "dpsgd", {}),
-    ("irregular-7", 2, "dpsgd", {}),
-    ("ring", 5, "nonblocking", {"inner": "dpsgd"}),
+    pytest.param("irregular-7", 2, "dpsgd", {}, marks=pytest.mark.slow),
+    pytest.param("ring", 5, "nonblocking", {"inner": "dpsgd"}, marks=pytest.mark.slow),
 ], ids=["dpsgd-ring-8", "dpsgd-irregular-7", "nonblocking-dpsgd-ring-8"])
 def test_gossip_survivors_drop_the_dead_peer_and_keep_mixing(graph, victim, strategy, options,
                                                               local_topology, run_peers):
@@ -182,6 +182,7 @@ def test_matcha_survivors_never_activate_edges_to_the_dead_peer(local_topology, 
         assert victim in peers[rank].strategy.dropped
 
 
+@pytest.mark.slow
 def test_compressed_matcha_survivors_drop_the_edges_and_reach_consensus(local_topology,
                                                                         run_peers):
     """Per-edge CHOCO copies: the dead peer's edges go, the survivors' edges still cancel
@@ -223,9 +224,10 @@ def test_choco_stops_naming_the_dead_peer(local_topology, run_peers):
 
 @pytest.mark.parametrize("strategy, options", [
     ("ring-allreduce", {}),
-    ("ring-allreduce", {"compressor": "qsgd", "error_feedback": True}),
-    ("topk-allgather", {"density": 0.3}),
-    ("gtopk", {"density": 0.3}),
+    pytest.param("ring-allreduce", {"compressor": "qsgd", "error_feedback": True},
+                 marks=pytest.mark.slow),
+    pytest.param("topk-allgather", {"density": 0.3}, marks=pytest.mark.slow),
+    pytest.param("gtopk", {"density": 0.3}, marks=pytest.mark.slow),
     ("spardl", {"density": 0.3}),
 ], ids=["ring", "ring-qsgd", "topk-allgather", "gtopk", "spardl"])
 def test_allreduce_survivors_stop_naming_the_dead_peer(strategy, options, local_topology,

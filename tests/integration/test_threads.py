@@ -92,11 +92,13 @@ def pool_seconds(*args: str) -> float:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_shared_memory_copy_is_a_plain_copy_off_the_pool():
     # 50 copies of 4 MiB: ~20 ms of copying, half of it on a worker if torch copied.
     assert pool_seconds("copy") < 0.002
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 @pytest.mark.parametrize("strategy", ["dpsgd", "ring-allreduce"])
 def test_rounds_of_oversubscribed_peers_leave_the_pool_idle(strategy):
     # 300,007 floats: every accumulation, NaN check and copy is large enough for the pool.

@@ -530,6 +530,7 @@ def test_rank_without_endpoint_and_unknown_destination_are_transport_errors():
             transport.send(5, tensor_msg())
 
 
+@pytest.mark.slow  # each a fresh interpreter importing torch
 @pytest.mark.parametrize("setting, wanted", [("1", True), ("0", False)])
 def test_malloc_tuning_applies_once_per_process_and_can_be_switched_off(setting, wanted):
     import platform
