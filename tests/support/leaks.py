@@ -159,8 +159,10 @@ class Leaks:
                         os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            time.sleep(0.05)
-            _reap(running)
+                try:
+                    os.waitpid(pid, 0)  # SIGKILL cannot be ignored: this returns at once
+                except ChildProcessError:
+                    pass
         return "; ".join(problems) or None
 
     def _new_children(self, spared: set[int]) -> dict[int, str]:

@@ -28,14 +28,14 @@ def _fail_on_one(rank, world):
 
 def _hang_on_two(rank, world):
     if rank == 2:
-        time.sleep(3600)
+        time.sleep(3600)  # hangs: the harness must time it out
     return rank
 
 
 def _hang_ignoring_sigterm(rank, world):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if rank >= 2:
-        time.sleep(3600)
+        time.sleep(3600)  # hangs, deaf to SIGTERM: the harness must kill it
     return rank
 
 
