@@ -54,8 +54,10 @@ def _process_helpers() -> tuple[set[threading.Thread], set[int], set[int]]:
     """Threads, context ids and pids that a library keeps for the whole process."""
     from zmq.utils import garbage
 
-    threads = {garbage.gc.thread} - {None}
-    contexts = {id(garbage.gc._context)} if garbage.gc._context is not None else set()
+    # Private to pyzmq (zmq/utils/garbage.py): read defensively.
+    gc_context = getattr(garbage.gc, "_context", None)
+    threads = {getattr(garbage.gc, "thread", None)} - {None}
+    contexts = {id(gc_context)} if gc_context is not None else set()
     pids = set()
     try:
         from multiprocessing import forkserver, resource_tracker
