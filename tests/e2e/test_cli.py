@@ -14,7 +14,6 @@ import yaml
 from gossip.metrics import read_jsonl
 from gossip.netutil import free_ports
 
-pytestmark = pytest.mark.slow
 REQUIRED_FIELDS = {"round", "time", "loss", "accuracy", "bytes_sent", "bytes_recv", "compute_s",
                    "comm_s", "wait_s"}
 
@@ -37,6 +36,7 @@ def write_topology(path: Path, ports: list[int], edges: list[list[int]]) -> Path
     return path
 
 
+@pytest.mark.slow
 def test_demo_reaches_90_percent_and_writes_the_run_directory(tmp_path):
     result = gossip("launch", cwd=tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr
@@ -53,6 +53,7 @@ def test_demo_reaches_90_percent_and_writes_the_run_directory(tmp_path):
     assert "mean test accuracy" in result.stdout
 
 
+@pytest.mark.slow
 def test_launch_ring_allreduce_from_a_topology_file(tmp_path):
     topo = write_topology(tmp_path / "t.yaml", free_ports(3), [[0, 1], [1, 2]])
     result = gossip("launch", "--topology", str(topo), "--strategy", "ring-allreduce",
@@ -64,10 +65,12 @@ def test_launch_ring_allreduce_from_a_topology_file(tmp_path):
     assert len({r["accuracy"] for r in last}) == 1
 
 
-@pytest.mark.parametrize("args, culprit", [
-    (["launch", "--strategy", "nope"], "unknown strategy 'nope'; available: dpsgd, "),
-    (["launch", "--option", "bogus=1"], "has no option 'bogus'"),
-    (["launch", "--rounds", "0"], "rounds"),
+@pytest.mark.parametrize("args, culprit", [  # the fast lane runs the last: a real `gossip`
+    pytest.param(["launch", "--strategy", "nope"], "unknown strategy 'nope'; available: dpsgd, ",
+                 marks=pytest.mark.slow),
+    pytest.param(["launch", "--option", "bogus=1"], "has no option 'bogus'",
+                 marks=pytest.mark.slow),
+    pytest.param(["launch", "--rounds", "0"], "rounds", marks=pytest.mark.slow),
     (["topology", "show", "missing.yaml"], "missing.yaml: no such file"),
 ])
 def test_bad_input_is_one_line_and_exit_1(tmp_path, args, culprit):
@@ -76,6 +79,7 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path, args, culprit):
     assert culprit in error_line(result)
 
 
+@pytest.mark.slow
 def test_malformed_topology_yaml(tmp_path):
     (tmp_path / "bad.yaml").write_text("peers: [\n  - {rank: 0\n")
     for args in (["topology", "show", "bad.yaml"], ["launch", "--topology", "bad.yaml"],
@@ -85,6 +89,7 @@ def test_malformed_topology_yaml(tmp_path):
         assert error_line(result).startswith("error: bad.yaml: invalid YAML at line")
 
 
+@pytest.mark.slow
 def test_port_in_use(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -100,6 +105,7 @@ def test_port_in_use(tmp_path):
         assert "peer 0 failed" in error_line(result)
 
 
+@pytest.mark.slow
 def test_unreachable_peer_times_out_naming_it(tmp_path):
     ports = free_ports(2)
     topo = write_topology(tmp_path / "t.yaml", ports, [[0, 1]])
@@ -110,6 +116,7 @@ def test_unreachable_peer_times_out_naming_it(tmp_path):
     assert f"peer 1 (tcp://127.0.0.1:{ports[1]})" in line and "round 0" in line
 
 
+@pytest.mark.slow
 def test_rank_from_environment_must_be_an_integer(tmp_path):
     topo = write_topology(tmp_path / "t.yaml", free_ports(2), [[0, 1]])
     result = gossip("peer", "--topology", str(topo), cwd=tmp_path,

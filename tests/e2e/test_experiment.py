@@ -17,7 +17,6 @@ from gossip.cli import main
 from gossip.cli.train import _train_config
 from gossip.metrics import read_jsonl
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 FIGURES = ("loss_vs_time.png", "loss_vs_bytes.png", "accuracy_vs_round.png",
            "accuracy_vs_bytes.png")
 TINY = {
@@ -51,6 +50,8 @@ def one_error(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # peer processes
+@pytest.mark.timeout(300)
 def test_experiment_runs_every_run_then_plots_and_tabulates(tmp_path):
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
     result = gossip("experiment", "run", "exp.yaml", "--out", "out", cwd=tmp_path)

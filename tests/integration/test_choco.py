@@ -57,6 +57,7 @@ def test_topk_keeps_the_average_and_replicas_consistent(loopback, iterate, local
     assert disagreement(final) < disagreement(x0)
 
 
+@pytest.mark.slow  # 2000 rounds
 def test_topk_one_percent_reaches_consensus(iterate, local_topology):
     """choco.md invariant 4 on a smaller ring: error below 1e-3 of its start with the
     default gamma (naive top-1% gossip stalls near 0.1)."""
@@ -70,12 +71,12 @@ def test_topk_one_percent_reaches_consensus(iterate, local_topology):
 
 
 @pytest.mark.parametrize("compressor, options", [
-    ("randomk", {"density": 0.05}),
-    ("qsgd", {"levels": 16}),
-    ("terngrad", {}),
-    ("sign", {}),
+    pytest.param("randomk", {"density": 0.05}, marks=pytest.mark.slow),
+    pytest.param("qsgd", {"levels": 16}, marks=pytest.mark.slow),
+    pytest.param("terngrad", {}, marks=pytest.mark.slow),
+    pytest.param("sign", {}, marks=pytest.mark.slow),
     ("fp16", {}),
-    ("bf16", {}),
+    pytest.param("bf16", {}, marks=pytest.mark.slow),
 ])
 def test_default_gamma_converges_for_every_compressor(compressor, options, iterate,
                                                       local_topology):

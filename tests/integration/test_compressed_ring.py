@@ -24,6 +24,7 @@ def test_fp16_ring_is_the_mean_to_half_precision_and_identical_everywhere(
         assert torch.equal(run.results[:, rank], run.results[:, 0])
 
 
+@pytest.mark.slow  # 400 rounds
 @pytest.mark.parametrize("compressor", ["qsgd", "terngrad"])
 def test_unbiased_quantizers_average_to_the_mean_over_rounds(compressor, local_topology,
                                                               run_rounds, oracle):
@@ -41,6 +42,7 @@ def test_unbiased_quantizers_average_to_the_mean_over_rounds(compressor, local_t
     assert averaged < 3 * single / rounds ** 0.5
 
 
+@pytest.mark.slow  # 2 x 200 rounds
 def test_error_feedback_makes_biased_sign_converge_on_average(local_topology, run_rounds):
     """sign is biased; with error feedback what it drops comes back, so the running average
     of the results approaches the true mean (without it the error stays put)."""
@@ -88,6 +90,7 @@ def test_randomk_averages_the_same_entries_on_every_peer(size, local_topology, r
     assert not torch.equal(run.results[0, 0] != 0, run.results[1, 0] != 0), "same entries"
 
 
+@pytest.mark.slow  # 2 x 200 rounds
 def test_randomk_with_error_feedback_sends_everything_eventually(local_topology, run_rounds):
     """Unscaled random-k alone applies only density x the mean on average; with error
     feedback what was not picked is sent later, so the average approaches the mean."""

@@ -30,6 +30,7 @@ from gossip.strategies.matcha import Matcha, MatchaOptions
 from gossip.topology import Topology
 from gossip.transport import LoopbackHub, Message
 from gossip.transport.endpoints import local_ipc
+from support import peer_once_all_bound, wait_until
 
 DEAD_AFTER = 0.5
 TIMEOUT = 10.0  # far above what detection takes: a wait that ends by timeout fails the test
@@ -54,11 +55,10 @@ def run_with_victim(run_peers, topology, strategy, *, x0, rounds, victim, dies_b
 
     def main(rank: int):
         results = []
-        peer = Peer(rank, topology, strategy, timeout=TIMEOUT, dead_after=DEAD_AFTER, **options)
         try:
-            with peer:
+            with peer_once_all_bound(rank, topology, strategy, all_bound, timeout=TIMEOUT,
+                                     dead_after=DEAD_AFTER, **options) as peer:
                 peers[rank] = peer
-                all_bound.wait()
                 x = x0[rank].clone()
                 for rnd in range(rounds):
                     if rnd == dies_before:
@@ -123,8 +123,8 @@ def assert_consensus_kept_average(results: torch.Tensor, survivors: list[int], s
 
 @pytest.mark.parametrize("graph, victim, strategy, options", [
     ("ring", 3, "dpsgd", {}),
-    ("irregular-7", 2, "dpsgd", {}),
-    ("ring", 5, "nonblocking", {"inner": "dpsgd"}),
+    pytest.param("irregular-7", 2, "dpsgd", {}, marks=pytest.mark.slow),
+    pytest.param("ring", 5, "nonblocking", {"inner": "dpsgd"}, marks=pytest.mark.slow),
 ], ids=["dpsgd-ring-8", "dpsgd-irregular-7", "nonblocking-dpsgd-ring-8"])
 def test_gossip_survivors_drop_the_dead_peer_and_keep_mixing(graph, victim, strategy, options,
                                                               local_topology, run_peers):
@@ -183,6 +183,7 @@ def test_matcha_survivors_never_activate_edges_to_the_dead_peer(local_topology, 
         assert victim in peers[rank].strategy.dropped
 
 
+@pytest.mark.slow
 def test_compressed_matcha_survivors_drop_the_edges_and_reach_consensus(local_topology,
                                                                         run_peers):
     """Per-edge CHOCO copies: the dead peer's edges go, the survivors' edges still cancel
@@ -224,9 +225,10 @@ def test_choco_stops_naming_the_dead_peer(local_topology, run_peers):
 
 @pytest.mark.parametrize("strategy, options", [
     ("ring-allreduce", {}),
-    ("ring-allreduce", {"compressor": "qsgd", "error_feedback": True}),
-    ("topk-allgather", {"density": 0.3}),
-    ("gtopk", {"density": 0.3}),
+    pytest.param("ring-allreduce", {"compressor": "qsgd", "error_feedback": True},
+                 marks=pytest.mark.slow),
+    pytest.param("topk-allgather", {"density": 0.3}, marks=pytest.mark.slow),
+    pytest.param("gtopk", {"density": 0.3}, marks=pytest.mark.slow),
     ("spardl", {"density": 0.3}),
 ], ids=["ring", "ring-qsgd", "topk-allgather", "gtopk", "spardl"])
 def test_allreduce_survivors_stop_naming_the_dead_peer(strategy, options, local_topology,
@@ -295,16 +297,13 @@ def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        deadline, pid = time.monotonic() + 90, None
-        while time.monotonic() < deadline:  # until the victim is a few rounds in
-            records = (read_jsonl(run_dir / f"peer-{victim}.jsonl")
-                       if (run_dir / f"peer-{victim}.jsonl").exists() else [])
-            if len(records) >= 8:
-                pid = _pid_of_rank(launch.pid, victim)
-                break
+        def victim_under_way() -> int | None:
             assert launch.poll() is None, launch.communicate()
-            time.sleep(0.05)
-        assert pid is not None, "the victim never got going"
+            path = run_dir / f"peer-{victim}.jsonl"
+            return path.exists() and len(read_jsonl(path)) >= 8 and _pid_of_rank(launch.pid,
+                                                                                   victim)
+
+        pid = wait_until(victim_under_way, 90, "the victim to get 8 rounds in")
         os.kill(pid, signal.SIGKILL)
         killed_after = len(read_jsonl(run_dir / f"peer-{victim}.jsonl"))
         out, err = launch.communicate(timeout=120)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -13,8 +12,15 @@ def test_results_come_back_by_rank(run_peers):
 
 
 def test_the_earliest_exception_is_raised_with_its_rank(run_peers):
+    threads: dict[int, threading.Thread] = {}
+    started = [threading.Event() for _ in range(3)]
+
     def fn(rank: int) -> None:
-        time.sleep(0.05 * (2 - rank))
+        threads[rank] = threading.current_thread()
+        started[rank].set()
+        if rank < 2:  # rank 2 raises first, then 1, then 0: each waits out the one above
+            assert started[rank + 1].wait(5)
+            threads[rank + 1].join(5)
         raise ValueError(f"from {rank}")
 
     with pytest.raises(ValueError, match="from 2") as info:

@@ -66,6 +66,7 @@ def test_topk_keeps_the_average_and_edge_copies_identical(loopback, iterate, loc
     assert disagreement(final) < disagreement(x0)
 
 
+@pytest.mark.slow  # hundreds of rounds each
 @pytest.mark.parametrize("compressor, options, rounds, reach", [
     ("topk", {"density": 0.05}, 400, 1e-3),
     ("randomk", {"density": 0.05}, 400, 0.05),

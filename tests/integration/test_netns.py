@@ -161,7 +161,7 @@ def test_sigterm_tears_down_and_cleanup_stale_removes_a_killed_run(netns):
         print(cluster.prefix, flush=True)
         if sys.argv[1] == "crash":
             os._exit(0)  # no teardown at all, like SIGKILL
-        time.sleep(60)
+        time.sleep(60)  # until the test SIGTERMs it
     """
     for mode in ("term", "crash"):
         proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(opener), mode], text=True,

@@ -119,10 +119,13 @@ def test_peers_may_start_in_any_order(strategy, local_topology, run_peers, oracl
     """Higher ranks start first: messages to a peer not bound yet wait in ZeroMQ's queue."""
     topology = local_topology("star", 4)
     data = torch.arange(4 * 6, dtype=torch.float64).reshape(1, 4, 6) ** 1.5
+    started = [threading.Event() for _ in range(4)]
 
     def peer_main(rank: int) -> torch.Tensor:
-        time.sleep(0.05 * (3 - rank))
+        if rank < 3:  # each rank opens once the one above it has
+            assert started[rank + 1].wait(10), f"rank {rank + 1} never started"
         with Peer(rank, topology, strategy, timeout=5) as peer:
+            started[rank].set()
             return peer.synchronize(data[0, rank], 0)
 
     results = torch.stack(run_peers(4, peer_main)).unsqueeze(0)

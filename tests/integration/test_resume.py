@@ -27,6 +27,7 @@ from gossip.netutil import free_ports
 from gossip.peer import Peer
 from gossip.strategies.matcha import Matcha, MatchaOptions
 from gossip.training import train
+from support import peer_once_all_bound, wait_until
 
 ROUNDS, EVERY, VICTIM = 40, 5, 2
 
@@ -56,8 +57,8 @@ def test_a_restarted_peer_rejoins_with_its_checkpointed_value(strategy, options,
     def main(rank: int) -> torch.Tensor:
         results, x, saved = [], x0[rank].clone(), None
         try:
-            with open_peer(rank) as peer:
-                all_bound.wait()
+            with peer_once_all_bound(rank, topology, strategy, all_bound, timeout=10,
+                                     dead_after=10, keep_for_rejoin=True, **options) as peer:
                 for rnd in range(rounds):
                     if rnd == checkpoint:
                         saved = x.clone()
@@ -143,11 +144,11 @@ def test_a_killed_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path):
     metrics = tmp_path / "run" / f"peer-{VICTIM}.jsonl"
     procs = {rank: start(rank, tmp_path) for rank in range(4)}
     try:
-        deadline = time.monotonic() + 90
-        while not (metrics.exists() and len(read_jsonl(metrics)) >= 2 * EVERY + 3):
-            assert time.monotonic() < deadline, "the victim never got going"
+        def victim_under_way() -> bool:
             assert all(p.poll() is None for p in procs.values()), _logs(tmp_path)
-            time.sleep(0.02)
+            return metrics.exists() and len(read_jsonl(metrics)) >= 2 * EVERY + 3
+
+        wait_until(victim_under_way, 90, f"the victim to get {2 * EVERY + 3} rounds in")
         os.kill(procs[VICTIM].pid, signal.SIGKILL)
         procs[VICTIM].wait()
         died_after = len(read_jsonl(metrics))  # rounds it had completed

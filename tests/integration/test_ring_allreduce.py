@@ -34,7 +34,7 @@ def test_mean_over_rounds(size, n, local_topology, run_rounds, make_data, oracle
 @pytest.mark.parametrize("inplace", [False, True], ids=["out=None", "out=x"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("piece_bytes", [64, 256])
-@pytest.mark.parametrize("size", [2, 3, 7])
+@pytest.mark.parametrize("size", [2, 3, pytest.param(7, marks=pytest.mark.slow)])
 def test_several_pieces_per_segment(size, piece_bytes, dtype, inplace, local_topology,
                                     run_rounds, make_data, oracle):
     n = 97 * size + size - 1  # ~97 elements per segment: 2 to 13 pieces each

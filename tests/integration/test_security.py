@@ -8,8 +8,8 @@ still equals the oracle, and the target counts and names every attempt.
 
 from __future__ import annotations
 
+import re
 import threading
-import time
 from contextlib import suppress
 
 import pytest
@@ -22,6 +22,7 @@ from gossip.keys import CurveKeys
 from gossip.netutil import free_ports
 from gossip.peer import Peer
 from gossip.transport import Message, ZmqTransport, codec
+from support import peer_once_all_bound, read_until
 
 ROUNDS = 12
 PLAINTEXT = "does not use CURVE|closed during the handshake"  # whichever side noticed first
@@ -59,9 +60,10 @@ def impostor(topology, rank: int, *, keyed: bool) -> ZmqTransport:
     return ZmqTransport(rank, endpoints, keys=forged, timeout=0.1).open()
 
 
-def attack(topology, stop: threading.Event) -> None:
-    """Send poisoned messages for every round to rank 0 in every way we know, and keep the
-    connections (refused ones retry every 100 ms) until ``stop``."""
+def attack(topology, queued: threading.Event, stop: threading.Event) -> None:
+    """Send poisoned messages for every round to rank 0 in every way we know (``queued`` is
+    set once all are), and keep the connections (refused ones retry every 100 ms) until
+    ``stop``."""
     ctx = zmq.Context()
     sockets = []
     honest_keys = keys.for_rank(topology, 2)
@@ -84,6 +86,7 @@ def attack(topology, stop: threading.Event) -> None:
                 # once libzmq refused the handshake it may drop the queue and fail the send
                 with suppress(PeerTimeout):
                     fake.send(0, Message("gossip", rnd, buffers=(torch.full((8,), 1e6),)))
+        queued.set()
         stop.wait(30.0)
     finally:
         for fake in fakes:
@@ -96,24 +99,21 @@ def test_strangers_and_impostors_get_nothing_into_a_running_cluster(keyed_ring, 
     data = make_data(ROUNDS, 3, (8,), torch.float32)
     results = torch.empty_like(data)
     bound = threading.Barrier(3, timeout=10)
-    stop = threading.Event()
-    attacker = threading.Thread(target=attack, args=(keyed_ring, stop), daemon=True)
+    queued, stop = threading.Event(), threading.Event()
+    attacker = threading.Thread(target=attack, args=(keyed_ring, queued, stop), daemon=True)
     stats = [None] * 3
 
     def peer_main(rank: int) -> None:
-        with Peer(rank, keyed_ring, "dpsgd", timeout=10.0) as peer:
-            bound.wait()
-            if rank == 0:
+        with peer_once_all_bound(rank, keyed_ring, "dpsgd", bound, timeout=10.0) as peer:
+            if rank == 0:  # the poison queues up before the honest messages
                 attacker.start()
-                time.sleep(0.2)  # let the poison queue up before the honest messages
+                assert queued.wait(10.0), "the attacker never got its poison out"
             for rnd in range(ROUNDS):
                 results[rnd, rank] = peer.synchronize(data[rnd, rank].clone(), rnd)
             if rank == 0:  # keep reading until every kind of attack was seen and refused
-                deadline = time.monotonic() + 10.0
-                while (not all(reasons.seen(why) for why in ATTACKS.values())
-                       and time.monotonic() < deadline):
-                    with suppress(PeerTimeout):
-                        peer.transport.recv(timeout=0.05)
+                read_until(peer.transport,
+                           lambda: all(reasons.seen(why) for why in ATTACKS.values()),
+                           "every kind of attack to be refused")
                 stop.set()
                 attacker.join(10.0)
                 assert not len(peer.transport.pending), "a poisoned message got in"
@@ -139,8 +139,8 @@ def test_keyed_and_plaintext_peers_cannot_talk(keyed_ring, reasons):
             ZmqTransport(1, endpoints, timeout=5.0) as plain:
         plain.send(0, Message("gossip", 0, buffers=(torch.ones(2),)))
         keyed.send(1, Message("gossip", 0, buffers=(torch.ones(2),)))
-        with pytest.raises(PeerTimeout, match=PLAINTEXT):
-            keyed.recv(timeout=0.5)
+        read_until(keyed, lambda: keyed.stats.messages_rejected, "the plaintext peer's refusal")
+        assert re.search(PLAINTEXT, keyed.stats.rejections[0]), keyed.stats.rejections
         with pytest.raises(PeerTimeout):  # the keyed client's handshake gets no answer
             plain.recv(timeout=0.2)
         assert keyed.stats.messages_recv == plain.stats.messages_recv == 0
@@ -155,8 +155,9 @@ def test_ipc_twin_is_keyed_too(keyed_ring):
             sock.linger = 0
             sock.connect(f"ipc://{target._ipc_path}")
             sock.send_multipart(poisoned(0))
-            with pytest.raises(PeerTimeout, match=PLAINTEXT):
-                target.recv(timeout=0.5)
+            read_until(target, lambda: target.stats.messages_rejected,
+                       "the plaintext ipc client's refusal")
+            assert re.search(PLAINTEXT, target.stats.rejections[0]), target.stats.rejections
         finally:
             ctx.destroy(linger=0)
         with ZmqTransport.for_topology(1, keyed_ring, timeout=5.0) as sender:

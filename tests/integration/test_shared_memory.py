@@ -32,6 +32,7 @@ PEER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # peer processes, each importing torch
 @pytest.mark.parametrize("size, dtype, piece_bytes", [
     (5, torch.float64, 64 << 20),  # one piece per segment
     (3, torch.float32, 100_000),  # many pieces stream through each segment

@@ -28,14 +28,14 @@ def _fail_on_one(rank, world):
 
 def _hang_on_two(rank, world):
     if rank == 2:
-        time.sleep(3600)
+        time.sleep(3600)  # hangs: the harness must time it out
     return rank
 
 
 def _hang_ignoring_sigterm(rank, world):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if rank >= 2:
-        time.sleep(3600)
+        time.sleep(3600)  # hangs, deaf to SIGTERM: the harness must kill it
     return rank
 
 
@@ -47,7 +47,7 @@ def _assert_no_children():
     assert multiprocessing.active_children() == []
 
 
-@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("world", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_run_ranks_returns_results_in_rank_order(world):
     results = run_ranks(_echo, world, "x", timeout=60)
     assert results == [(r, world, "x", "1") for r in range(world)]
@@ -74,18 +74,21 @@ def test_run_ranks_reports_failing_rank_and_cleans_up():
     _assert_no_children()
 
 
+@pytest.mark.slow  # waits out its 2 s timeout
 def test_run_ranks_timeout_names_missing_ranks_and_cleans_up():
     with pytest.raises(RuntimeError, match=r"rank\(s\) 2 did not finish within 2 s"):
         run_ranks(_hang_on_two, 3, timeout=2)
     _assert_no_children()
 
 
+@pytest.mark.slow  # waits out its timeout and the terminate grace
 def test_run_ranks_kills_ranks_that_ignore_sigterm():
     with pytest.raises(RuntimeError, match=r"rank\(s\) 2, 3 did not finish within 1\.5 s"):
         run_ranks(_hang_ignoring_sigterm, 4, timeout=1.5)
     _assert_no_children()
 
 
+@pytest.mark.slow
 def test_run_ranks_detects_rank_that_exits_without_result():
     with pytest.raises(RuntimeError, match="exited with code 3"):
         run_ranks(_die_silently, 1, timeout=30)
@@ -131,6 +134,7 @@ def test_zmq_exchange_rejects_asymmetric_graph():
         zmq_exchange_times(3, 10, neighbors=lambda r, w: ((r + 1) % w,))
 
 
+@pytest.mark.slow  # spawns ranks that import torch
 def test_gloo_allreduce_times():
     from gossip.bench.baselines import gloo_allreduce_times
 
@@ -140,6 +144,7 @@ def test_gloo_allreduce_times():
     _assert_no_children()
 
 
+@pytest.mark.slow  # spawns ranks that import torch
 def test_zmq_exchange_times():
     from gossip.bench.baselines import zmq_exchange_times
 

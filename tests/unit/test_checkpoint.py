@@ -121,10 +121,13 @@ def test_all_reduce_cannot_take_one_restarted_peer_back(run_peers):
 
 
 @pytest.mark.parametrize("strategy, options", [
-    ("dpsgd", {}), ("matcha", {"budget": 0.7}), ("ring-allreduce", {}),
+    ("dpsgd", {}),
+    pytest.param("matcha", {"budget": 0.7}, marks=pytest.mark.slow),
+    pytest.param("ring-allreduce", {}, marks=pytest.mark.slow),
     ("dpsgd", {"compressor": "topk", "density": 0.3}),  # CHOCO: public copies restored
     ("topk-allgather", {"density": 0.3}),  # error-feedback residuals restored
-    ("matcha", {"budget": 0.7, "compressor": "topk", "density": 0.3}),  # per-edge copies
+    pytest.param("matcha", {"budget": 0.7, "compressor": "topk", "density": 0.3},
+                 marks=pytest.mark.slow),  # per-edge copies
 ], ids=["dpsgd", "matcha", "ring-allreduce", "choco", "topk-allgather", "matcha-choco"])
 def test_whole_job_restarted_from_checkpoints_ends_bitwise_where_it_would_have(
         tmp_path, strategy, options, run_peers):

@@ -308,8 +308,11 @@ def draws(c, x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name, options", [
-    ("qsgd", {"levels": 4}), ("qsgd", {"levels": 1}), ("terngrad", {}),
-    ("randomk", {"density": 0.25, "scale": True}), ("randomk", {"density": 0.6, "scale": True}),
+    ("qsgd", {"levels": 4}),
+    pytest.param("qsgd", {"levels": 1}, marks=pytest.mark.slow),
+    pytest.param("terngrad", {}, marks=pytest.mark.slow),
+    pytest.param("randomk", {"density": 0.25, "scale": True}, marks=pytest.mark.slow),
+    ("randomk", {"density": 0.6, "scale": True}),
 ])
 def test_stochastic_compressors_are_unbiased(name, options):
     x = gaussian(40, torch.float64, seed=11)
@@ -318,7 +321,8 @@ def test_stochastic_compressors_are_unbiased(name, options):
 
 
 @pytest.mark.parametrize("name, options, bias", [
-    ("qsgd", {"levels": 4}, 0.9), ("terngrad", {}, 0.9),
+    pytest.param("qsgd", {"levels": 4}, 0.9, marks=pytest.mark.slow),
+    pytest.param("terngrad", {}, 0.9, marks=pytest.mark.slow),
     ("randomk", {"density": 0.25, "scale": False}, 1.0),
 ])
 def test_the_unbiasedness_check_can_fail(name, options, bias):

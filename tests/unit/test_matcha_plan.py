@@ -187,10 +187,13 @@ def cutting_plane(laplacians: np.ndarray, total: float, tol: float = 1e-7):
 
 GRAPHS["irregular-5"] = nx.Graph([(0, 1), (1, 2), (0, 2), (2, 3), (3, 4)])
 GRAPHS["star-4"] = graph("star", 4)
-BRUTE = ["ring-5", "line-6", "star-4", "complete-4", "ring-3", "irregular-5"]
+# Fast lane: one plan of three matchings and one of two; the rest in the full suite.
+BRUTE = ["ring-3", "line-6", *(pytest.param(name, marks=pytest.mark.slow)
+                               for name in ["ring-5", "star-4", "complete-4", "irregular-5"])]
 
 
-@pytest.mark.parametrize("budget", [0.2, 0.5, 0.7])
+@pytest.mark.parametrize("budget", [0.5, *(pytest.param(b, marks=pytest.mark.slow)
+                                     for b in (0.2, 0.7))])
 @pytest.mark.parametrize("name", BRUTE)
 def test_probabilities_match_brute_force(name, budget):
     plan = matcha.plan(GRAPHS[name], budget)
@@ -204,8 +207,9 @@ def test_probabilities_match_brute_force(name, budget):
 
 
 @pytest.mark.parametrize("budget", [0.25, 0.6])
-@pytest.mark.parametrize("name", ["star-6", "exponential-8", "irregular-7", "graph0", "er-0",
-                                  "er-2"])
+@pytest.mark.parametrize("name", ["star-6", "exponential-8", *(
+    pytest.param(name, marks=pytest.mark.slow) for name in ["irregular-7", "graph0", "er-0",
+                                                            "er-2"])])
 def test_probabilities_match_cutting_planes(name, budget):
     plan = matcha.plan(GRAPHS[name], budget)
     lower, upper = cutting_plane(plan.laplacians(), budget * len(plan.matchings))
@@ -213,7 +217,8 @@ def test_probabilities_match_cutting_planes(name, budget):
     assert upper - plan.lambda2 < 1e-6
 
 
-@pytest.mark.parametrize("name", ["irregular-7", "exponential-8", "er-3"])
+@pytest.mark.parametrize("name", ["irregular-7", *(pytest.param(name, marks=pytest.mark.slow)
+                                                  for name in ["exponential-8", "er-3"])])
 def test_no_random_feasible_point_is_better(name):
     plan = matcha.plan(GRAPHS[name], 0.4)
     laps, total = plan.laplacians(), 0.4 * len(plan.matchings)

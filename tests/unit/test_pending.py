@@ -27,6 +27,7 @@ def test_oldest_match_first_with_and_without_a_source():
     assert len(pending) == 0 and pending.bytes == 0
 
 
+@pytest.mark.slow  # times 4 x 1000 receives
 def test_a_receive_costs_the_same_however_many_messages_wait():
     """20,000 never-claimed messages (well within the byte allowance) made every receive
     scan them all: dpsgd rounds 3-13x slower."""

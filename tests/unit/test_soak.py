@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gossip.bench.soak import process_usage, report, soak
 
 
@@ -10,6 +12,7 @@ def test_process_usage_counts_this_process():
     assert usage["rss"] > 10 << 20 and usage["threads"] >= 1 and usage["fds"] >= 3
 
 
+@pytest.mark.slow  # spawns peer processes
 def test_short_soak_reports_no_leak_and_flags_one():
     results = soak(3, 1000, 40, warmup=10, timeout=120)
     lines = []

@@ -10,6 +10,7 @@ from gossip.cli import main
 from gossip.errors import ConfigError
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_cli_runs_every_contender_and_reports_bytes_per_peer():
     only = "ring-allreduce,topk-allgather,gtopk,spardl,spardl:int32"

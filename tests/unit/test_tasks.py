@@ -269,6 +269,7 @@ def test_digits_sanity_training(digits):
     assert loss < 0.5
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_import_does_not_load_sklearn():
     code = "import sys, gossip, gossip.tasks, gossip.metrics; assert 'sklearn' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -24,6 +24,7 @@ from gossip.netutil import free_ports
 from gossip.transport import LoopbackHub, Message, ZmqTransport, codec, monitor
 from gossip.transport.stats import REJECTED
 from gossip.transport.endpoints import local_ipc
+from support import read_until, wait_until
 
 # Tests that send through Transport.send also run with TCP between the ZeroMQ peers;
 # receive-only tests inject raw frames, which go over TCP anyway.
@@ -335,9 +336,8 @@ def test_single_frame_over_the_size_limit_is_counted_as_rejected(local_ipc):
     try:
         t0, t1 = net.open(2, max_message_bytes=1000, local_ipc=local_ipc)
         t1.send(0, Message("gossip", 0, buffers=(torch.zeros(300),)))
-        with pytest.raises(PeerTimeout):
-            t0.recv(timeout=0.5)
-        assert t0.stats.messages_rejected == 1, "oversized message vanished without a trace"
+        read_until(t0, lambda: t0.stats.messages_rejected, "the oversized message's rejection")
+        assert t0.stats.messages_rejected == 1
         reason = t0.stats.rejections[0]
         assert "ZMQ_MAXMSGSIZE" in reason and "last heard from" not in reason, reason
     finally:
@@ -351,8 +351,7 @@ def test_oversized_frame_names_the_peer_last_heard_on_that_connection():
         t1.send(0, tensor_msg(round=1))
         assert t0.recv().round == 1
         t1.send(0, Message("gossip", 2, buffers=(torch.zeros(300),)))
-        with pytest.raises(PeerTimeout, match="1 message.s. rejected meanwhile"):
-            t0.recv(timeout=0.5)
+        read_until(t0, lambda: t0.stats.messages_rejected, "the oversized message's rejection")
         assert "last heard from peer 1" in t0.stats.rejections[0]
     finally:
         net.close()
@@ -368,13 +367,14 @@ def test_a_peer_leaving_after_its_goodbye_is_not_a_rejection(local_ipc):
         t0.recv(src=1)
         t0.recv(src=2)
         t1.shutdown(timeout=0.1, flush=1.0)  # says goodbye to 0, leaves without waiting for 0's
+        read_until(t0, lambda: t0.departed == {1}, "peer 1's goodbye")
         with pytest.raises(PeerTimeout):
             t0.recv(timeout=0.2 + monitor.GRACE_S)  # long enough to judge the disconnect
-        assert t0.departed == {1} and t0.stats.messages_rejected == 0, t0.stats.rejections
+        assert t0.stats.messages_rejected == 0, t0.stats.rejections
         t2.close()  # leaves without a goodbye: it may have died mid-message
-        with pytest.raises(PeerTimeout, match="closed without a goodbye"):
-            t0.recv(timeout=0.2 + monitor.GRACE_S)
+        read_until(t0, lambda: t0.stats.messages_rejected, "peer 2's disconnect to be judged")
         assert t0.stats.messages_rejected == 1
+        assert "closed without a goodbye" in t0.stats.rejections[0]
         assert "last heard from peer 2" in t0.stats.rejections[0]
     finally:
         net.close()
@@ -493,13 +493,14 @@ def test_closing_transport_spares_the_ipc_file_of_its_successor():
     closing.start()
     successor = None
     try:
-        deadline = time.monotonic() + 0.9
-        while successor is None and time.monotonic() < deadline:
-            try:
-                successor = ZmqTransport(0, endpoints, timeout=2.0).open()
+        def open_successor() -> ZmqTransport | None:
+            try:  # the address is busy until the old one closes its socket, before the linger
+                return ZmqTransport(0, endpoints, timeout=2.0).open()
             except TransportError:
-                time.sleep(0.01)
-        assert successor is not None and closing.is_alive(), "missed the old one's linger"
+                return None
+
+        successor = wait_until(open_successor, 0.9, "the address to come free")
+        assert closing.is_alive(), "missed the old one's linger"
         closing.join(5.0)
         with ZmqTransport(1, endpoints, timeout=2.0) as sender:
             sender.send(0, tensor_msg(value=5.0))
@@ -530,6 +531,7 @@ def test_rank_without_endpoint_and_unknown_destination_are_transport_errors():
             transport.send(5, tensor_msg())
 
 
+@pytest.mark.slow  # each a fresh interpreter importing torch
 @pytest.mark.parametrize("setting, wanted", [("1", True), ("0", False)])
 def test_malloc_tuning_applies_once_per_process_and_can_be_switched_off(setting, wanted):
     import platform

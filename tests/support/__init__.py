@@ -1,0 +1,23 @@
+"""Helpers for gossip's tests, importable from any test file (``from support import ...``;
+``tests`` is on the path through setup.cfg's ``pythonpath``). tests/conftest.py only wraps
+some of them as fixtures.
+
+One job per module: peers (peers as threads, rounds over ZeroMQ or loopback), oracle
+(float64 reference results, input data), training (Peer.step on a tiny model), logs
+(rejection reasons), waiting (event waits with deadlines), leaks (what a test left behind).
+"""
+
+from support.logs import Reasons, rejection_reasons
+from support.oracle import TOLERANCE, Oracle, peer_data
+from support.peers import (Rounds, assert_balanced, iterate_on_peers, make_local_topology,
+                           open_peer, peer_once_all_bound, run_in_threads,
+                           run_rounds_on_peers)
+from support.training import Steps, TinyNet, run_training_steps
+from support.waiting import read_until, wait_connected, wait_until
+
+__all__ = [
+    "TOLERANCE", "Oracle", "Reasons", "Rounds", "Steps", "TinyNet", "assert_balanced",
+    "iterate_on_peers", "make_local_topology", "open_peer", "peer_data", "peer_once_all_bound",
+    "read_until", "rejection_reasons", "run_in_threads", "run_rounds_on_peers",
+    "run_training_steps", "wait_connected", "wait_until",
+]
