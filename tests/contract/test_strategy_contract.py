@@ -18,6 +18,7 @@ from gossip.errors import ConfigError, PeerTimeout, ProtocolError
 from gossip.peer import Peer
 from gossip.strategies import STRATEGIES
 from gossip.transport import LoopbackHub
+from support import assert_same
 
 CASES = [pytest.param(name, dict(options), id=f"{name}-{json.dumps(options, sort_keys=True)}")
          for name in STRATEGIES.names() for options in STRATEGIES.entry(name).options.examples]
@@ -131,21 +132,6 @@ def test_state_dict_round_trip(name, options, local_topology, run_peers):
     with Peer(1, topology, name, transport=fresh_hub.transport(1), **options) as peer:
         peer.strategy.load_state_dict(state)
         assert_same(peer.strategy.state_dict(), state)
-
-
-def assert_same(a, b) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), (a, b)
-        for key in a:
-            assert_same(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    else:
-        assert a == b, (a, b)
 
 
 def test_every_strategy_documents_its_options_and_capabilities():

@@ -8,7 +8,7 @@ One job per module: peers (peers as threads, rounds over ZeroMQ or loopback), or
 """
 
 from support.logs import Reasons, rejection_reasons
-from support.oracle import TOLERANCE, Oracle, peer_data
+from support.oracle import TOLERANCE, Oracle, assert_same, peer_data
 from support.peers import (Rounds, assert_balanced, iterate_on_peers, make_local_topology,
                            open_peer, peer_once_all_bound, run_in_threads,
                            run_rounds_on_peers)
@@ -16,7 +16,7 @@ from support.training import Steps, TinyNet, run_training_steps
 from support.waiting import read_until, wait_connected, wait_until
 
 __all__ = [
-    "TOLERANCE", "Oracle", "Reasons", "Rounds", "Steps", "TinyNet", "assert_balanced",
+    "TOLERANCE", "Oracle", "Reasons", "Rounds", "Steps", "TinyNet", "assert_balanced", "assert_same",
     "iterate_on_peers", "make_local_topology", "open_peer", "peer_data", "peer_once_all_bound",
     "read_until", "rejection_reasons", "run_in_threads", "run_rounds_on_peers",
     "run_training_steps", "wait_connected", "wait_until",

@@ -57,6 +57,12 @@ def _process_helpers() -> tuple[set[threading.Thread], set[int], set[int]]:
     # Private to pyzmq (zmq/utils/garbage.py): read defensively.
     gc_context = getattr(garbage.gc, "_context", None)
     threads = {getattr(garbage.gc, "thread", None)} - {None}
+    try:  # tqdm's monitor: started by the first progress bar, kept until the process exits
+        from tqdm import tqdm
+
+        threads |= {getattr(tqdm, "monitor", None)} - {None}
+    except ImportError:
+        pass
     contexts = {id(gc_context)} if gc_context is not None else set()
     pids = set()
     try:

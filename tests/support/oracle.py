@@ -85,3 +85,20 @@ def peer_data(n_rounds: int, size: int, shape: tuple[int, ...], dtype: torch.dty
     generator = torch.Generator().manual_seed(seed)
     values = torch.randn((n_rounds, size, *shape), generator=generator, dtype=torch.float64)
     return values.to(dtype)
+
+
+def assert_same(a, b) -> None:
+    """``a`` and ``b`` equal to the bit: tensors (dtype too), and dicts, lists and values
+    holding them (checkpoint state, strategy state)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), (a, b)
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b, (a, b)

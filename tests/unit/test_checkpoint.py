@@ -15,6 +15,7 @@ from gossip.peer import Peer
 from gossip.topology import Topology
 from gossip.training import train
 from gossip.transport import LoopbackHub
+from support import assert_same
 
 
 def state(seed: int = 0) -> dict:
@@ -25,21 +26,6 @@ def state(seed: int = 0) -> dict:
                           "param_groups": [{"lr": 0.1, "params": [0]}]},
             "strategy_state": {"residual": torch.randn(7, generator=g), "dropped": {3: 4}},
             "torch_rng": torch.get_rng_state(), "batches_drawn": 17, "lost_peers": {3: 4}}
-
-
-def assert_same(a, b) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert_same(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    else:
-        assert a == b
 
 
 def test_round_trip_keeps_every_tensor_and_value(tmp_path):
