@@ -7,6 +7,8 @@ strategies show up.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch import nn
@@ -21,6 +23,18 @@ NUM_CLASSES = 10
 def build_mlp() -> nn.Module:
     """MLP 64 -> 128 -> ReLU -> 10; weights come from torch's global RNG."""
     return nn.Sequential(nn.Linear(NUM_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, NUM_CLASSES))
+
+
+@functools.lru_cache(maxsize=1)
+def _images() -> tuple[np.ndarray, np.ndarray]:
+    """The images scaled to [0, 1] and their labels, read once per process (a simulation
+    builds the task once per peer). Read-only: callers copy before changing them."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x, y = data.data.astype(np.float32) / 16.0, data.target.astype(np.int64)
+    x.flags.writeable = y.flags.writeable = False
+    return x, y
 
 
 @TASKS.register("digits")
@@ -38,12 +52,9 @@ def digits_task(*, seed: int = 0) -> Task:
         The task, loss cross-entropy.
     """
     # Imported here: sklearn is slow to import and only this factory needs it.
-    from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    data = load_digits()
-    x = data.data.astype(np.float32) / 16.0
-    y = data.target.astype(np.int64)
+    x, y = _images()
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
     mean = x_tr.mean(axis=0)
     std = x_tr.std(axis=0)

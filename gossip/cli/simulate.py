@@ -1,0 +1,98 @@
+"""`gossip simulate`: `gossip launch`'s run, every peer in one process in virtual time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from gossip.cli.common import fail_cleanly, main
+from gossip.cli.train import _rank_values, _summary, _train_config, _train_options
+from gossip.errors import ConfigError
+
+
+def _rates(items) -> tuple[str | None, dict[int, str]]:
+    """``("1gbit", "3:100mbit")`` -> ``("1gbit", {3: "100mbit"})``."""
+    rate, per_rank = None, {}
+    for item in items:
+        rank, sep, value = item.partition(":")
+        if sep and rank.strip().isdigit():
+            per_rank[int(rank)] = value.strip()
+        elif rate is None:
+            rate = item
+        else:
+            raise ConfigError(f"--rate {item!r}: a second rate for every peer (one RATE, then "
+                              f"RANK:RATE for single peers)")
+    return rate, per_rank
+
+
+@main.command()
+@click.option("--topology", "topology_path", type=click.Path(dir_okay=False),
+              help="Topology YAML (only its graph matters here).")
+@click.option("--peers", type=int, default=4, show_default=True,
+              help="Peers when no --topology is given.")
+@click.option("--graph", default="ring", show_default=True,
+              help="Graph when no --topology is given (ring, torus, complete, ...).")
+@click.option("--run-dir", type=click.Path(file_okay=False),
+              help="Run directory (default: runs/DATE-TIME-STRATEGY-sim).")
+@click.option("--rate", "rates", multiple=True, metavar="[RANK:]RATE",
+              help="Link rate each way, e.g. 1gbit, 100mbit (default: unlimited); RANK:RATE "
+                   "for one peer, repeatable.")
+@click.option("--latency", type=float, default=0.0, show_default=True, metavar="SECONDS",
+              help="One-way latency of every message.")
+@click.option("--sharing", type=click.Choice(["fifo", "fair"]), default="fifo",
+              show_default=True, help="How flows share a link: queued, or max-min fair.")
+@click.option("--message-cost", type=float, default=0.0, metavar="SECONDS",
+              help="Sender CPU seconds per message (fitted: experiments/sim-validation.yaml).")
+@click.option("--byte-cost", type=float, default=0.0, metavar="SECONDS",
+              help="Sender CPU seconds per byte.")
+@click.option("--compute", "compute_model", default="model", show_default=True,
+              help="model: compute takes only the injected delays (--compute-delay, "
+                   "--slowdown, --straggler-*); measured[:FACTOR]: the real math's CPU "
+                   "time, times FACTOR.")
+@click.option("--kill", "kills", multiple=True, metavar="RANK:SECONDS",
+              help="Kill peer RANK at this virtual time, repeatable.")
+@click.option("--probe", type=click.Choice(["exchange", "oracle"]), default="exchange",
+              show_default=True, help="Consensus probe: the real all-reduce, or computed by "
+                                      "the simulator (for many peers).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_train_options
+@fail_cleanly
+def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, message_cost,
+             byte_cost, compute_model, kills, probe, quiet, config_path, strategy_options,
+             **flags):
+    """Simulate a run: the peers' real code in virtual time on a modelled network.
+
+    Writes the run directory `gossip launch` writes (so `gossip plot` reads it); times in
+    it are virtual seconds.
+    """
+    from gossip.sim import NetworkModel, Simulation, parse_compute, simulate_run
+    from gossip.topology import Topology
+
+    config = _train_config(config_path, strategy_options, **flags)
+    topology = (Topology.from_yaml(topology_path) if topology_path
+                else Topology.generate(graph, peers))
+    config.delays.check_ranks(topology.size)
+    rate, per_rank = _rates(rates)
+    simulation = Simulation(
+        network=NetworkModel(rate=rate, rates=per_rank, latency=latency, sharing=sharing,
+                             message_s=message_cost, byte_s=byte_cost),
+        compute=parse_compute(compute_model),
+        kills=_rank_values("--kill", kills), probe=probe)
+    run_dir = Path(run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.strategy}-sim")
+    click.echo(f"{topology.size} simulated peers, {topology.name or 'topology'}, strategy "
+               f"{config.strategy}, {config.rounds} rounds -> {run_dir}")
+    result = simulate_run(config, topology, run_dir, simulation,
+                          progress=None if quiet else config.strategy)
+    from gossip.launch import Death
+
+    deaths = [Death(rank, -9, len(result.records[rank]), "") for rank in result.killed]
+    deaths += [Death(rank, 1, len(result.records[rank]), why)
+               for rank, why in sorted(result.failed.items())]
+    if len(deaths) == topology.size:
+        raise ConfigError(f"every simulated peer failed; the first: {deaths[0].describe()}")
+    click.echo(_summary(run_dir, [r for r in range(topology.size)], deaths))
+    click.echo(f"virtual time {result.virtual_s:.3f} s, wall {result.wall_s:.1f} s, "
+               f"{result.events} events, peak memory {result.max_rss_mb:.0f} MB")
+    click.echo(f"run directory: {run_dir}")

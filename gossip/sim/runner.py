@@ -1,0 +1,168 @@
+"""One simulated run, as `gossip simulate` and an experiment's ``simulate: true`` runs start it:
+every peer's unchanged ``Peer`` + ``train`` in a greenlet, in virtual time, writing the run
+directory `gossip launch` writes (topology.yaml, config.yaml, peer-RANK.jsonl)."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from gossip.config import TrainConfig
+from gossip.errors import ConfigError
+from gossip.metrics import MetricsWriter
+from gossip.peer import Peer
+from gossip.sim.clock import ModelledCompute
+from gossip.sim.network import NetworkModel
+from gossip.sim.probe import Meetings, OracleProbe
+from gossip.sim.transport import SimWorld
+from gossip.training import Trainer
+
+log = logging.getLogger("gossip.sim")
+PROBES = ("exchange", "oracle")
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """How a run is simulated: network, compute model, faults (the ``simulate`` section of
+    its config.yaml).
+
+    Attributes:
+        network: The network model.
+        compute: ``ModelledCompute()`` or ``MeasuredCompute(factor)``.
+        kills: ``{rank: virtual seconds}``: kill that peer then (a SIGKILL).
+        probe: ``exchange``: the consensus probe is the real all-reduce (bitwise a real
+            run's); ``oracle``: the simulator computes it (gossip/sim/probe.py), for many
+            peers.
+    """
+
+    network: NetworkModel = field(default_factory=NetworkModel)
+    compute: Any = ModelledCompute()
+    kills: Mapping[int, float] = field(default_factory=dict)
+    probe: str = "exchange"
+
+    def check(self, size: int) -> None:
+        self.network.check_ranks(size)
+        if self.probe not in PROBES:
+            raise ConfigError(f"--probe {self.probe!r}: expected one of {', '.join(PROBES)}")
+        for rank, when in self.kills.items():
+            if not 0 <= rank < size:
+                raise ConfigError(f"--kill: rank {rank} is not in the run (ranks 0..{size - 1})")
+            if not when >= 0:
+                raise ConfigError(f"--kill {rank}: the time must be >= 0 seconds, got {when}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"network": self.network.to_dict(), "compute": self.compute.describe(),
+                "kills": dict(self.kills), "probe": self.probe}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """A finished simulated run."""
+
+    run_dir: Path
+    records: dict[int, list[dict]]  # per rank, its lines
+    failed: dict[int, str]  # ranks whose process ended with an error: the error
+    killed: list[int]
+    virtual_s: float  # virtual time when the last peer ended
+    wall_s: float
+    events: int
+    max_rss_mb: float  # this process's peak resident memory
+
+
+def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
+                 simulation: Simulation = Simulation(), *,
+                 extra_config: Mapping[str, Any] | None = None, progress: str | None = None,
+                 write: bool = True,
+                 on_round: Callable[[int, dict], None] | None = None) -> SimResult:
+    """Simulate ``config`` on every rank of ``topology``; returns when every peer ended.
+
+    Args:
+        extra_config: More config.yaml entries (e.g. an experiment's run name).
+        progress: Label of a progress bar (rounds, virtual and wall time); None: none.
+        write: Write the run directory (off: only return the records).
+        on_round: Called as ``(rank, record)`` after each peer's round.
+    """
+    size = topology.size
+    config.delays.check_ranks(size)
+    simulation.check(size)
+    run_dir = Path(run_dir)
+    if write:
+        _write_run_dir(config, topology, run_dir, simulation, extra_config)
+    world = SimWorld(size, network=simulation.network, compute=simulation.compute)
+    records: dict[int, list[dict]] = {rank: [] for rank in range(size)}
+    bar = tqdm(total=config.rounds * size, unit="round", desc=progress,
+               disable=progress is None)
+    started = time.perf_counter()
+
+    def recorded(rank: int, line: dict) -> None:
+        records[rank].append(line)
+        if on_round is not None:
+            on_round(rank, line)
+        bar.update()
+        bar.set_postfix_str(f"virtual {world.scheduler.now:.2f} s, wall "
+                            f"{time.perf_counter() - started:.0f} s", refresh=False)
+
+    meetings = Meetings(world) if simulation.probe == "oracle" else None
+    for rank in range(size):
+        world.spawn(rank, _peer_main(world, rank, topology, config, recorded, meetings))
+    for rank, when in sorted(simulation.kills.items()):
+        world.kill_at(rank, when)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one peer runs at a time: its fair share of the CPU is all
+    try:
+        with bar:
+            world.scheduler.run()
+    finally:
+        torch.set_num_threads(threads)
+    tasks = world.tasks
+    failed = {rank: f"{type(t.error).__name__}: {t.error}" for rank, t in tasks.items()
+              if t.error is not None}
+    for rank, reason in failed.items():
+        log.warning("simulated peer %d failed: %s", rank, reason)
+    if write:
+        for rank, lines in records.items():
+            with MetricsWriter(run_dir / f"peer-{rank}.jsonl") as metrics:
+                for line in lines:
+                    metrics.write(line)
+    return SimResult(run_dir, records, failed, sorted(simulation.kills),
+                     max((t.ended_at or 0.0 for t in tasks.values()), default=0.0),
+                     time.perf_counter() - started,
+                     world.scheduler.events,
+                     resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
+               recorded: Callable[[int, dict], None],
+               meetings: Meetings | None) -> Callable[[], dict]:
+    """What `gossip peer` runs (cli/train.py), on a simulated transport."""
+    def run() -> dict:
+        transport = world.transport(rank, timeout=config.timeout, dead_after=config.dead_after)
+        with Peer(rank, topology, config.strategy, transport=transport,
+                  send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
+                  **config.options) as node:
+            trainer = Trainer(node, config, on_round=lambda line: recorded(rank, line))
+            if meetings is not None:
+                trainer.consensus = OracleProbe(meetings, node, trainer.task)
+            last = trainer.run()
+        return {} if last is None else last.as_dict()
+    return run
+
+
+def _write_run_dir(config: TrainConfig, topology, run_dir: Path, simulation: Simulation,
+                   extra: Mapping[str, Any] | None) -> None:
+    """topology.yaml and config.yaml as `gossip launch` writes them, plus ``simulate``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    topology.to_yaml(run_dir / "topology.yaml")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(
+        {"train": config.to_dict(), "topology": topology.to_dict(),
+         "ranks": list(range(topology.size)), **(extra or {}),
+         "simulate": simulation.to_dict()}, sort_keys=False))
