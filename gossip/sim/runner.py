@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from tqdm import tqdm
 
@@ -70,6 +69,7 @@ class SimResult:
 
     run_dir: Path
     records: dict[int, list[dict]]  # per rank, its lines
+    stats: dict[int, dict]  # per rank that finished, ``Peer.stats`` after its last round
     failed: dict[int, str]  # ranks whose process ended with an error: the error
     killed: list[int]
     virtual_s: float  # virtual time when the last peer ended
@@ -112,17 +112,13 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
                             f"{time.perf_counter() - started:.0f} s", refresh=False)
 
     meetings = Meetings(world) if simulation.probe == "oracle" else None
+    stats: dict[int, dict] = {}
     for rank in range(size):
-        world.spawn(rank, _peer_main(world, rank, topology, config, recorded, meetings))
+        world.spawn(rank, _peer_main(world, rank, topology, config, recorded, meetings, stats))
     for rank, when in sorted(simulation.kills.items()):
         world.kill_at(rank, when)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one peer runs at a time: its fair share of the CPU is all
-    try:
-        with bar:
-            world.scheduler.run()
-    finally:
-        torch.set_num_threads(threads)
+    with bar:
+        world.scheduler.run()
     tasks = world.tasks
     failed = {rank: f"{type(t.error).__name__}: {t.error}" for rank, t in tasks.items()
               if t.error is not None}
@@ -133,7 +129,7 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
             with MetricsWriter(run_dir / f"peer-{rank}.jsonl") as metrics:
                 for line in lines:
                     metrics.write(line)
-    return SimResult(run_dir, records, failed, sorted(simulation.kills),
+    return SimResult(run_dir, records, stats, failed, sorted(simulation.kills),
                      max((t.ended_at or 0.0 for t in tasks.values()), default=0.0),
                      time.perf_counter() - started,
                      world.scheduler.events,
@@ -142,7 +138,7 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
 
 def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
                recorded: Callable[[int, dict], None],
-               meetings: Meetings | None) -> Callable[[], dict]:
+               meetings: Meetings | None, stats: dict[int, dict]) -> Callable[[], dict]:
     """What `gossip peer` runs (cli/train.py), on a simulated transport."""
     def run() -> dict:
         transport = world.transport(rank, timeout=config.timeout, dead_after=config.dead_after)
@@ -153,6 +149,7 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
             if meetings is not None:
                 trainer.consensus = OracleProbe(meetings, node, trainer.task)
             last = trainer.run()
+            stats[rank] = node.stats  # before the goodbyes
         return {} if last is None else last.as_dict()
     return run
 

@@ -41,8 +41,10 @@ class Task:
         self.done = False
         self.cpu_mark = 0.0  # thread CPU time when it last started running (compute model)
         # torch's per-thread state, which greenlets of one thread would otherwise share: a
-        # peer parked inside ``torch.no_grad()`` must not switch gradients off for the rest.
+        # peer parked inside ``torch.no_grad()`` must not switch gradients off for the rest,
+        # nor one parked inside ``Peer.communicating()`` set the others' threads.
         self.grad_enabled = True
+        self.threads = torch.get_num_threads()  # intra-op threads (Peer.communicating)
         self.error: BaseException | None = None
         self.result: Any = None
 
@@ -147,11 +149,17 @@ class Scheduler:
         task.parked = False
         self._current = task
         task.cpu_mark = time.thread_time()
-        own = torch.is_grad_enabled()
-        torch.set_grad_enabled(task.grad_enabled)
+        own = torch.is_grad_enabled(), torch.get_num_threads()
+        _set_torch_state(task.grad_enabled, task.threads)
         try:
             task.greenlet.switch(value)
         finally:
-            task.grad_enabled = torch.is_grad_enabled()
-            torch.set_grad_enabled(own)
+            task.grad_enabled, task.threads = torch.is_grad_enabled(), torch.get_num_threads()
+            _set_torch_state(*own)
             self._current = None
+
+
+def _set_torch_state(grad_enabled: bool, threads: int) -> None:
+    torch.set_grad_enabled(grad_enabled)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
