@@ -58,8 +58,7 @@ class SimWorld:
         try:
             return run()
         except BaseException:
-            self.ended_at.setdefault(rank, self.scheduler.now)
-            self.closed.add(rank)
+            self._ended(rank)
             raise
 
     def kill_at(self, rank: int, when: float) -> None:
@@ -70,10 +69,18 @@ class SimWorld:
         task = self.tasks.get(rank)
         if task is None or task.done:
             return
-        self.ended_at[rank] = self.scheduler.now
+        self._ended(rank)
+        self.scheduler.kill(task)
+
+    def _ended(self, rank: int) -> None:
+        """``rank``'s process is gone: what is sent to it is lost, and every waiting peer
+        looks again when it must judge it dead (SimTransport._poll_liveness)."""
+        self.ended_at.setdefault(rank, self.scheduler.now)
         self.closed.add(rank)
         self.inboxes[rank].clear()
-        self.scheduler.kill(task)
+        for task in self.waiting:
+            if task is not None:
+                self.scheduler.wake(task)
 
     def deliver(self, dst: int, frames: list) -> None:
         if dst in self.closed:

@@ -1,0 +1,138 @@
+"""The simulator's parts in virtual time: timeouts and dead peers without real waiting,
+the network model's arithmetic, determinism, and one-line errors for bad parameters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gossip.config import TrainConfig
+from gossip.errors import ConfigError, PeerGone, PeerTimeout
+from gossip.sim import GOODPUT, NetworkModel, Simulation, SimWorld, parse_compute, simulate_run
+from gossip.topology import Topology
+from gossip.transport import Message
+
+
+def run_peers(world: SimWorld, *mains) -> list:
+    """Run ``mains[rank]()`` as the world's peers; the results (or exceptions) by rank."""
+    tasks = [world.spawn(rank, main) for rank, main in enumerate(mains)]
+    world.scheduler.run()
+    return [task.error if task.error is not None else task.result for task in tasks]
+
+
+def test_a_receive_times_out_in_virtual_time_without_waiting():
+    world = SimWorld(2)
+    sim = world.transport(0, timeout=3600.0, kinds=["x"])
+    world.transport(1, kinds=["x"])
+
+    def waits():
+        sim.recv(src=1, kind="x", round=0)
+
+    started = time.perf_counter()
+    [error, _] = run_peers(world, waits, lambda: None)
+    assert isinstance(error, PeerTimeout) and "within 3600 s" in str(error)
+    assert world.scheduler.now == 3600.0
+    assert time.perf_counter() - started < 5  # an hour of virtual time, no real wait
+
+
+def test_messages_arrive_after_transfer_and_latency_as_private_copies():
+    world = SimWorld(2, network=NetworkModel(rate="8mbit", latency=0.5))
+    a, b = (world.transport(r, kinds=["x"]) for r in range(2))
+    import torch
+
+    sent = torch.arange(250_000, dtype=torch.float32)  # 1 MB
+
+    def sender():
+        a.send(1, Message(kind="x", round=0, buffers=(sent,)))
+        sent.zero_()  # the message was copied at the send
+
+    def receiver():
+        msg = b.recv(src=0, kind="x", round=0)
+        msg.buffers[0].add_(1)  # the receiver's own writable memory
+        return world.scheduler.now, msg.buffers[0]
+
+    _, (arrived, got) = run_peers(world, sender, receiver)
+    nbytes = b.stats.bytes_recv
+    assert arrived == pytest.approx(nbytes / (1e6 * GOODPUT) + 0.5)
+    assert torch.equal(got, torch.arange(250_000, dtype=torch.float32) + 1)
+
+
+def test_a_killed_peer_is_declared_dead_after_dead_after_virtual_seconds():
+    world = SimWorld(2)
+    a = world.transport(0, kinds=["x"], dead_after=2.5, timeout=60.0)
+    world.transport(1, kinds=["x"])
+    a.connect([1])
+
+    def waits():
+        try:
+            a.recv(src=1, kind="x", round=0)
+        except PeerGone as exc:
+            return world.scheduler.now, str(exc)
+
+    def silent():
+        world.scheduler.sleep(100.0)  # killed long before
+
+    world.kill_at(1, 4.0)
+    [(noticed, why), killed] = run_peers(world, waits, silent)
+    assert noticed == 4.0 + 2.5 and "peer 1 is dead" in why
+    assert killed is None and a.membership.lost[1].firsthand
+
+
+def test_fifo_links_queue_fair_links_share():
+    def arrivals(sharing: str) -> list[float]:
+        world = SimWorld(3, network=NetworkModel(rate=8_000_000, sharing=sharing, goodput=1.0))
+        times = []
+        for dst in (1, 2):  # two 1 MB flows leaving peer 0's uplink at once
+            world.links.send(0, dst, 1_000_000, lambda: times.append(world.scheduler.now))
+        world.scheduler.run()
+        return times
+
+    assert arrivals("fifo") == pytest.approx([1.0, 2.0])  # one after the other
+    assert arrivals("fair") == pytest.approx([2.0, 2.0])  # half the uplink each
+
+
+def test_same_seed_same_run():
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 2, "batch_size": 8,
+                                    "eval_every": 1, "seed": 3,
+                                    "delays": {"compute": 0.01, "straggler_prob": 0.5,
+                                               "straggler_mean": 0.02}})
+    simulation = Simulation(network=NetworkModel(rate="10mbit", latency=0.001))
+    runs = [simulate_run(config, Topology.generate("ring", 3), "unused", simulation,
+                         write=False) for _ in range(2)]
+    assert runs[0].records == runs[1].records  # times included: they are virtual
+    assert runs[0].events == runs[1].events
+    assert runs[0].records[0][-1]["time"] > 0.02
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"rate": "fast"}, "fast"),
+    ({"latency": -1}, "network latency: expected seconds >= 0, got -1"),
+    ({"latency": float("nan")}, "network latency"),
+    ({"sharing": "random"}, "network sharing: 'random' is not one of fifo, fair"),
+    ({"goodput": 1.5}, "network goodput"),
+    ({"rates": {-2: "1gbit"}}, "network rates: -2 is not a rank"),
+])
+def test_bad_network_parameters_are_named(kwargs, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        NetworkModel(**kwargs)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_compute_models_are_named():
+    assert parse_compute("measured:2").factor == 2.0
+    for text in ("measured:0", "measured:x", "cpu"):
+        with pytest.raises(ConfigError, match="--compute"):
+            parse_compute(text)
+
+
+@pytest.mark.slow
+def test_cli_rejects_a_bad_rate_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "gossip", "simulate", "--peers", "3", "--rate", "fast",
+         "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "fast" in result.stderr
