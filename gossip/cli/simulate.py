@@ -96,3 +96,15 @@ def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, mess
     click.echo(f"virtual time {result.virtual_s:.3f} s, wall {result.wall_s:.1f} s, "
                f"{result.events} events, peak memory {result.max_rss_mb:.0f} MB")
     click.echo(f"run directory: {run_dir}")
+
+
+@main.command("sim-compare")
+@click.argument("real_dir", type=click.Path(file_okay=False, exists=True))
+@click.argument("sim_dir", type=click.Path(file_okay=False, exists=True))
+@fail_cleanly
+def sim_compare(real_dir, sim_dir):
+    """Compare a simulated run with a real one of the same settings: bitwise numerics,
+    equal bytes, per-round time error (median, p90)."""
+    from gossip.sim.compare import compare_runs
+
+    click.echo(compare_runs(real_dir, sim_dir).describe())

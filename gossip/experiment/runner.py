@@ -25,6 +25,8 @@ def check_runs(experiment: Experiment) -> None:
             run.config.delays.check_ranks(topology.size)
             if run.rate is not None:
                 parse_rate(run.rate)
+            if run.simulation is not None:
+                run.simulation.check(topology.size)
         except ConfigError as exc:
             raise ConfigError(f"run {run.name}: {exc}") from None
 
@@ -70,6 +72,16 @@ def _launch(run: Run, run_dir: Path, *, progress: bool) -> float:
     for stale in run_dir.glob("peer-*.jsonl"):  # a re-run must not mix with old records
         stale.unlink()
     label = run.name + (f" @{parse_rate(run.rate)}" if run.rate is not None else "")
+    if run.simulation is not None:
+        from gossip.sim import simulate_run
+
+        result = simulate_run(run.config, _topology(run), run_dir, run.simulation,
+                              extra_config={"run": run.name},
+                              progress=f"{label} (simulated)" if progress else None)
+        if result.failed:
+            raise GossipError("simulated peer(s) failed: " + "; ".join(
+                f"peer {rank}: {why}" for rank, why in sorted(result.failed.items())))
+        return result.wall_s
     result = launch_run(run.config, _topology(run), run_dir, rate=run.rate,
                         extra_config={"run": run.name}, progress=label if progress else None)
     return result.seconds

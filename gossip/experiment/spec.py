@@ -5,6 +5,8 @@ name: stragglers
 peers: 8                      # or topology: FILE (a topology YAML)
 graph: ring                   # or {kind: torus, rows: 2, cols: 4}
 netns: {rate: 100mbit}        # optional: bandwidth-capped virtual cluster (root)
+simulate: true                # optional: simulated in virtual time (gossip simulate), or
+                              # {rate, latency, sharing, compute, probe, kills, ...}
 target_loss: 0.3              # for the time-to-target table
 baseline: dpsgd               # run name(s) the speed-ups are relative to
 smooth: 10                    # rounds in the loss moving average
@@ -15,7 +17,8 @@ runs:
 ```
 
 A run may set any ``train`` key (``delays`` is merged key by key, everything else replaced)
-and ``peers``, ``graph``, ``topology`` or ``netns`` (``netns: null`` runs it uncapped).
+and ``peers``, ``graph``, ``topology``, ``netns`` (``netns: null`` runs it uncapped) or
+``simulate`` (``simulate: false`` runs it for real).
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from typing import Any
 from gossip.config import TrainConfig, load_yaml
 from gossip.errors import ConfigError
 
-_TOP = ("name", "description", "peers", "graph", "topology", "netns", "target_loss", "baseline",
-        "smooth", "train", "runs")
-_PLACEMENT = ("peers", "graph", "topology", "netns")
+_TOP = ("name", "description", "peers", "graph", "topology", "netns", "simulate",
+        "target_loss", "baseline", "smooth", "train", "runs")
+_PLACEMENT = ("peers", "graph", "topology", "netns", "simulate")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -45,6 +48,7 @@ class Run:
     graph: Mapping[str, Any]  # {"kind": ..., **generator parameters}
     topology: Path | None  # a topology file instead of peers + graph
     rate: str | None  # link cap of the netns virtual cluster, None: plain local peers
+    simulation: Any = None  # a gossip.sim.Simulation: run in virtual time instead
 
 
 @dataclass(frozen=True)
@@ -142,8 +146,16 @@ def _run(name: str, top: Mapping[str, Any], train: Mapping[str, Any], item: Mapp
         if not isinstance(netns, Mapping) or set(netns) - {"rate"}:
             raise ConfigError(f"{where}: netns: expected {{rate: 100mbit}} or null, got {netns!r}")
         rate = str(netns.get("rate", "1gbit"))
+    simulation = None
+    if place["simulate"] not in (None, False):
+        from gossip.sim import Simulation
+
+        try:
+            simulation = Simulation.from_dict(place["simulate"], rate=rate)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
     return Run(name=name, config=config, peers=peers, graph=dict(graph), topology=topology,
-               rate=rate)
+               rate=rate, simulation=simulation)
 
 
 def _known(data: Any, allowed, where: str) -> None:

@@ -5,6 +5,7 @@ directory `gossip launch` writes (topology.yaml, config.yaml, peer-RANK.jsonl)."
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 from collections.abc import Callable, Mapping
@@ -19,7 +20,7 @@ from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
-from gossip.sim.clock import ModelledCompute
+from gossip.sim.clock import ModelledCompute, parse_compute
 from gossip.sim.network import NetworkModel
 from gossip.sim.probe import Meetings, OracleProbe
 from gossip.sim.transport import SimWorld
@@ -57,6 +58,26 @@ class Simulation:
                 raise ConfigError(f"--kill: rank {rank} is not in the run (ranks 0..{size - 1})")
             if not when >= 0:
                 raise ConfigError(f"--kill {rank}: the time must be >= 0 seconds, got {when}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | bool | None, *,
+                  rate: str | None = None) -> Simulation:
+        """From an experiment's ``simulate:`` value: ``true`` or a mapping of the network
+        model's fields plus ``compute`` (model, measured[:FACTOR]), ``probe`` and ``kills``
+        (``{rank: seconds}``); ``rate`` (the run's netns rate) is the default link rate."""
+        data = {} if data is True or data is None else data
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"simulate: expected true or a mapping, got {data!r}")
+        network = {k: v for k, v in data.items() if k not in ("compute", "probe", "kills")}
+        if rate is not None:
+            network.setdefault("rate", rate)
+        kills = data.get("kills") or {}
+        if not isinstance(kills, Mapping):
+            raise ConfigError(f"simulate: kills: expected {{rank: seconds}}, got {kills!r}")
+        return cls(network=NetworkModel.from_dict(network),
+                   compute=parse_compute(data.get("compute", "model")),
+                   kills={int(k): float(v) for k, v in kills.items()},
+                   probe=data.get("probe", "exchange"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"network": self.network.to_dict(), "compute": self.compute.describe(),
@@ -97,7 +118,8 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
     run_dir = Path(run_dir)
     if write:
         _write_run_dir(config, topology, run_dir, simulation, extra_config)
-    world = SimWorld(size, network=simulation.network, compute=simulation.compute)
+    world = SimWorld(size, network=simulation.network, compute=simulation.compute,
+                     threads=peer_threads())
     records: dict[int, list[dict]] = {rank: [] for rank in range(size)}
     bar = tqdm(total=config.rounds * size, unit="round", desc=progress,
                disable=progress is None)
@@ -134,6 +156,16 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
                      time.perf_counter() - started,
                      world.scheduler.events,
                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def peer_threads() -> int:
+    """torch's threads in a peer process of `gossip launch`, which starts them with
+    ``OMP_NUM_THREADS`` as set, else 1 (gossip/launch.py): the same threads sum the same
+    floats in the same order."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
 
 
 def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,

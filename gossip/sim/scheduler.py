@@ -29,7 +29,8 @@ class Killed(BaseException):
 class Task:
     """One peer's greenlet and its state in the scheduler."""
 
-    def __init__(self, name: str, run: Callable[[], Any], scheduler: Scheduler):
+    def __init__(self, name: str, run: Callable[[], Any], scheduler: Scheduler,
+                 threads: int | None = None):
         self.name = name
         self.greenlet = greenlet.greenlet(self._main, parent=scheduler.main)
         self._run = run
@@ -44,7 +45,7 @@ class Task:
         # peer parked inside ``torch.no_grad()`` must not switch gradients off for the rest,
         # nor one parked inside ``Peer.communicating()`` set the others' threads.
         self.grad_enabled = True
-        self.threads = torch.get_num_threads()  # intra-op threads (Peer.communicating)
+        self.threads = threads or torch.get_num_threads()  # intra-op threads
         self.error: BaseException | None = None
         self.result: Any = None
 
@@ -77,9 +78,10 @@ class Scheduler:
         """Run ``fn(*args)`` at virtual time ``when`` (never before now)."""
         heapq.heappush(self._heap, (max(when, self.now), next(self._seq), fn, args))
 
-    def spawn(self, name: str, run: Callable[[], Any]) -> Task:
-        """A peer running ``run()``, started at the current virtual time."""
-        task = Task(name, run, self)
+    def spawn(self, name: str, run: Callable[[], Any], *, threads: int | None = None) -> Task:
+        """A peer running ``run()``, started at the current virtual time, with torch's
+        intra-op threads set to ``threads`` (default: as now)."""
+        task = Task(name, run, self, threads)
         self.tasks.append(task)
         self.at(self.now, self._resume, task, task.wait_id)
         return task

@@ -31,11 +31,12 @@ class SimWorld:
         size: Number of peers.
         network: The network model (default: unlimited links, no latency).
         compute: How the peers' own CPU work is charged (``gossip.sim.clock``).
+        threads: torch's intra-op threads in each peer (default: as now).
     """
 
     def __init__(self, size: int, *, network: NetworkModel | None = None,
-                 compute=ModelledCompute()):
-        self.size = size
+                 compute=ModelledCompute(), threads: int | None = None):
+        self.size, self.threads = size, threads
         self.scheduler = Scheduler()
         self.links = (network or NetworkModel()).build(self.scheduler, size)
         self.compute = compute
@@ -50,7 +51,8 @@ class SimWorld:
 
     def spawn(self, rank: int, run) -> Task:
         """Run ``run()`` as peer ``rank``'s process; its failure ends it like a crash."""
-        task = self.scheduler.spawn(f"peer-{rank}", lambda: self._process(rank, run))
+        task = self.scheduler.spawn(f"peer-{rank}", lambda: self._process(rank, run),
+                                    threads=self.threads)
         self.tasks[rank] = task
         return task
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from gossip.config import TrainConfig
 from gossip.sim import NetworkModel, Simulation, simulate_run
+from gossip.sim.runner import peer_threads
 from gossip.topology import Topology
 from gossip.training import train
 
@@ -22,8 +24,11 @@ SYNCHRONOUS = {
     "choco": {"compressor": "topk", "density": 0.1},  # dpsgd with a compressor
     "spardl": {"density": 0.05},
 }
+# Bytes received are not compared per round: a real peer counts a message when it reads
+# it, and one of the next round arriving early is read while it waits for another, so
+# where a round's count ends depends on timing; the totals (by kind) are compared.
 COMPARED = ("round", "loss", "accuracy", "consensus", "avg_accuracy", "bytes_sent",
-            "bytes_recv", "minibatches", "samples", "lost_peers")
+            "minibatches", "samples", "lost_peers")
 
 
 def config_for(name: str) -> TrainConfig:
@@ -38,6 +43,7 @@ def real_run(topology: Topology, config: TrainConfig) -> list[tuple[list[dict], 
     all_bound = threading.Barrier(topology.size, timeout=60)
 
     def peer_main(rank: int):
+        torch.set_num_threads(peer_threads())  # as `gossip launch` starts a peer (this thread)
         lines: list[dict] = []
         with peer_once_all_bound(rank, topology, config.strategy, all_bound, timeout=60,
                                  **config.options) as peer:
@@ -64,4 +70,5 @@ def test_simulated_run_is_bitwise_the_real_one(name, size):
             assert {k: ours[k] for k in COMPARED} == {k: theirs[k] for k in COMPARED}
         # Bytes and messages per kind, each way, exactly (the probe's included).
         assert sim.stats[rank]["by_kind"] == stats["by_kind"]
+        assert simulated[-1]["bytes_recv"] == lines[-1]["bytes_recv"]
         assert sim.stats[rank]["messages_rejected"] == stats["messages_rejected"] == 0
