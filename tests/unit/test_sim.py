@@ -94,6 +94,7 @@ def test_fifo_links_queue_fair_links_share():
     assert arrivals("fair") == pytest.approx([2.0, 2.0])  # half the uplink each
 
 
+@pytest.mark.slow
 def test_same_seed_same_run():
     config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 2, "batch_size": 8,
                                     "eval_every": 1, "seed": 3,
