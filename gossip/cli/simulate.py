@@ -108,3 +108,17 @@ def sim_compare(real_dir, sim_dir):
     from gossip.sim.compare import compare_runs
 
     click.echo(compare_runs(real_dir, sim_dir).describe())
+
+
+@main.command("sim-scaling")
+@click.argument("experiment_dir", type=click.Path(file_okay=False, exists=True))
+@fail_cleanly
+def sim_scaling(experiment_dir):
+    """Time per iteration and scaling efficiency of an experiment's runs by strategy and P
+    (experiments/scaling.yaml), each point marked validated or extrapolated; writes
+    scaling.png there."""
+    from gossip.sim.scaling import format_scaling, plot_scaling, scaling_rows
+
+    rows = scaling_rows(experiment_dir)
+    click.echo(format_scaling(rows))
+    click.echo(f"figure: {plot_scaling(rows, Path(experiment_dir))}")
