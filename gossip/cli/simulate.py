@@ -50,7 +50,8 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
 @click.option("--compute", "compute_model", default="model", show_default=True,
               help="model: compute takes only the injected delays (--compute-delay, "
                    "--slowdown, --straggler-*); measured[:FACTOR]: the real math's CPU "
-                   "time, times FACTOR.")
+                   "time, times FACTOR; lognormal:MEDIAN:SIGMA: a seeded draw per "
+                   "mini-batch on top of the injected delays.")
 @click.option("--kill", "kills", multiple=True, metavar="RANK:SECONDS",
               help="Kill peer RANK at this virtual time, repeatable.")
 @click.option("--probe", type=click.Choice(["exchange", "oracle"]), default="exchange",

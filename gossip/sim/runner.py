@@ -178,6 +178,7 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
                   send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
                   **config.options) as node:
             trainer = Trainer(node, config, on_round=lambda line: recorded(rank, line))
+            trainer.delays = world.compute.delays(trainer.delays)
             if meetings is not None:
                 trainer.consensus = OracleProbe(meetings, node, trainer.task)
             last = trainer.run()

@@ -11,6 +11,7 @@ import pytest
 
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError, PeerGone, PeerTimeout
+from gossip.faults import DelayModel
 from gossip.sim import GOODPUT, NetworkModel, Simulation, SimWorld, parse_compute, simulate_run
 from gossip.topology import Topology
 from gossip.transport import Message
@@ -124,7 +125,10 @@ def test_bad_network_parameters_are_named(kwargs, message):
 
 def test_bad_compute_models_are_named():
     assert parse_compute("measured:2").factor == 2.0
-    for text in ("measured:0", "measured:x", "cpu"):
+    drawn = parse_compute("lognormal:0.01:0.5").delays(DelayModel(rank=1, seed=3))
+    assert drawn.minibatch_delay(4, 0.0) == drawn.minibatch_delay(4, 0.0) > 0  # seeded
+    assert drawn.minibatch_delay(4, 0.0) != drawn.minibatch_delay(5, 0.0)
+    for text in ("measured:0", "measured:x", "cpu", "lognormal:0", "lognormal:-1:0.5"):
         with pytest.raises(ConfigError, match="--compute"):
             parse_compute(text)
 
