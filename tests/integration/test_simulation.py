@@ -53,6 +53,10 @@ def real_run(topology: Topology, config: TrainConfig) -> list[tuple[list[dict], 
     return run_in_threads(topology.size, peer_main, timeout=120)
 
 
+def without_bye(stats: dict) -> dict:
+    return {kind: counts for kind, counts in stats["by_kind"].items() if kind != "bye"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [3, 5])
 @pytest.mark.parametrize("name", list(SYNCHRONOUS))
@@ -68,7 +72,8 @@ def test_simulated_run_is_bitwise_the_real_one(name, size):
         assert len(simulated) == len(lines) == config.rounds
         for ours, theirs in zip(simulated, lines):
             assert {k: ours[k] for k in COMPARED} == {k: theirs[k] for k in COMPARED}
-        # Bytes and messages per kind, each way, exactly (the probe's included).
-        assert sim.stats[rank]["by_kind"] == stats["by_kind"]
+        # Bytes and messages per kind, each way, exactly (the probe's included); not the
+        # goodbyes: a faster neighbour's may already have been read, or not.
+        assert without_bye(sim.stats[rank]) == without_bye(stats)
         assert simulated[-1]["bytes_recv"] == lines[-1]["bytes_recv"]
         assert sim.stats[rank]["messages_rejected"] == stats["messages_rejected"] == 0
