@@ -8,8 +8,9 @@ the kernel: constants fitted on real runs, see experiments/sim-validation.yaml).
 
 Two ways to share a link:
 
-* ``fifo``: a flow holds its sender's uplink and receiver's downlink alone, at the smaller of
-  the two rates, after the flows queued before it on either (cheap: O(1) per message).
+* ``fifo``: each link sends one message at a time, in order: a message leaves its sender's
+  uplink after those queued before it, and its receiver's downlink takes it as it comes,
+  after what it was still receiving, at the slower link's rate (cheap: O(1) per message).
 * ``fair``: every flow in flight gets its max-min fair share of both links, recomputed
   whenever a flow starts or ends (TCP's long-run behaviour; O(flows x links) per change).
 
@@ -128,7 +129,7 @@ class Links:
 
 
 class FifoLinks(Links):
-    """Each flow alone on its two links, after those queued before it."""
+    """Each link one message at a time, in order (module docstring)."""
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -136,13 +137,19 @@ class FifoLinks(Links):
         self.down_free = [0.0] * len(self.speeds)
 
     def send(self, src: int, dst: int, nbytes: int, arrive: Callable[[], None]) -> None:
-        now = self.scheduler.now
-        ready = max(now, self.up_free[src]) + self._cpu(nbytes)
-        start = max(ready, self.down_free[dst])
-        speed = min(self.speeds[src], self.speeds[dst])
-        done = start + (nbytes / speed if speed < math.inf else 0.0)
-        self.up_free[src] = self.down_free[dst] = done
-        self.scheduler.at(done + self.model.latency, arrive)
+        start = max(self.scheduler.now, self.up_free[src]) + self._cpu(nbytes)
+        sent = start + _seconds_for(nbytes, self.speeds[src])
+        self.up_free[src] = sent  # the uplink goes on with the next message at once
+        # The downlink takes the bytes as they come, after what it was still receiving,
+        # and no faster than either link.
+        begin = max(start, self.down_free[dst])
+        received = max(sent, begin + _seconds_for(nbytes, self.speeds[dst]))
+        self.down_free[dst] = received
+        self.scheduler.at(received + self.model.latency, arrive)
+
+
+def _seconds_for(nbytes: int, speed: float) -> float:
+    return nbytes / speed if speed < math.inf else 0.0
 
 
 class _Flow:

@@ -95,6 +95,18 @@ def test_fifo_links_queue_fair_links_share():
     assert arrivals("fair") == pytest.approx([2.0, 2.0])  # half the uplink each
 
 
+def test_a_fifo_uplink_is_not_held_up_by_a_busy_downlink():
+    world = SimWorld(3, network=NetworkModel(rate=8_000_000, goodput=1.0))
+    times = {}
+    world.links.send(0, 2, 1_000_000, lambda: times.setdefault("0->2", world.scheduler.now))
+    world.links.send(1, 2, 1_000_000, lambda: times.setdefault("1->2", world.scheduler.now))
+    world.links.send(1, 0, 1_000_000, lambda: times.setdefault("1->0", world.scheduler.now))
+    world.scheduler.run()
+    # Peer 2's downlink takes one message at a time; peer 1's uplink sends its second
+    # message while its first still queues there.
+    assert times == pytest.approx({"0->2": 1.0, "1->2": 2.0, "1->0": 2.0})
+
+
 @pytest.mark.slow
 def test_same_seed_same_run():
     config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 2, "batch_size": 8,
