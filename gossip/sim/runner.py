@@ -115,6 +115,9 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
     size = topology.size
     config.delays.check_ranks(size)
     simulation.check(size)
+    if config.checkpoint_every:
+        raise ConfigError("checkpoint_every: checkpoints and rejoins are not simulated "
+                          "(set it to 0)")
     run_dir = Path(run_dir)
     if write:
         _write_run_dir(config, topology, run_dir, simulation, extra_config)

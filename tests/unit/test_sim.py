@@ -135,6 +135,12 @@ def test_bad_network_parameters_are_named(kwargs, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_checkpoints_are_refused_not_silently_skipped():
+    config = TrainConfig.from_dict({"rounds": 2, "checkpoint_every": 1})
+    with pytest.raises(ConfigError, match="checkpoint_every: checkpoints and rejoins are not"):
+        simulate_run(config, Topology.generate("ring", 3), "unused", write=False)
+
+
 def test_bad_compute_models_are_named():
     assert parse_compute("measured:2").factor == 2.0
     drawn = parse_compute("lognormal:0.01:0.5").delays(DelayModel(rank=1, seed=3))
