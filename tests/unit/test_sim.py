@@ -159,3 +159,24 @@ def test_cli_rejects_a_bad_rate_in_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert "fast" in result.stderr
+
+
+@pytest.mark.slow
+def test_oracle_probe_equals_the_exchanged_one_and_measured_compute_takes_time():
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 2, "batch_size": 8,
+                                    "eval_every": 1, "seed": 5})
+    topology = Topology.generate("ring", 4)
+    exchanged = simulate_run(config, topology, "unused", write=False)
+    oracle = simulate_run(config, topology, "unused", Simulation(
+        probe="oracle", compute=parse_compute("measured")), write=False)
+    for rank in range(4):
+        for a, b in zip(exchanged.records[rank], oracle.records[rank]):
+            assert a["loss"] == b["loss"]  # the compute model changes times only
+            assert b["consensus"] == pytest.approx(a["consensus"], rel=1e-9, abs=1e-15)
+            assert b["avg_accuracy"] == a["avg_accuracy"]
+            assert a["compute_s"] == 0.0 < b["compute_s"]  # the real math's CPU time
+        # The probe's messages are gone, the algorithm's are all there.
+        probes = [[k for k in run.stats[rank]["by_kind"] if k.startswith("probe.")]
+                  for run in (exchanged, oracle)]
+        assert probes[0] and not probes[1]
+        assert oracle.records[rank][-1]["bytes_sent"] == exchanged.records[rank][-1]["bytes_sent"]
