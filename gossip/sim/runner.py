@@ -72,11 +72,13 @@ class Simulation:
         if rate is not None:
             network.setdefault("rate", rate)
         kills = data.get("kills") or {}
-        if not isinstance(kills, Mapping):
-            raise ConfigError(f"simulate: kills: expected {{rank: seconds}}, got {kills!r}")
+        try:
+            kills = {int(k): float(v) for k, v in dict(kills).items()}
+        except (ValueError, TypeError):
+            raise ConfigError(f"simulate: kills: expected {{rank: seconds}}, got {kills!r}") \
+                from None
         return cls(network=NetworkModel.from_dict(network),
-                   compute=parse_compute(data.get("compute", "model")),
-                   kills={int(k): float(v) for k, v in kills.items()},
+                   compute=parse_compute(data.get("compute", "model")), kills=kills,
                    probe=data.get("probe", "exchange"))
 
     def to_dict(self) -> dict[str, Any]:

@@ -34,6 +34,8 @@ def test_simulate_true_or_a_mapping_and_the_netns_rate_as_default():
     ({"speed": 1}, "network: unknown field 'speed'"),
     ({"latency": -1}, "network latency"),
     ({"compute": "gpu"}, "--compute 'gpu'"),
+    ({"kills": {"x": 1}}, "simulate: kills: expected {rank: seconds}"),
+    ({"kills": [1, 2]}, "simulate: kills: expected {rank: seconds}"),
 ])
 def test_a_bad_simulate_section_names_the_run(simulate, culprit):
     with pytest.raises(ConfigError) as info:
