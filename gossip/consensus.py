@@ -29,8 +29,10 @@ class ConsensusProbe:
         """The consensus distance and the average model's test accuracy, or (None, None)
         when the probe cannot run: it is an all-reduce over every peer, so a lost peer (or a
         rejoin under way) ends it, and training goes on."""
-        if not self.peer.all_peers_can_meet(round):
-            return None, None
+        roles = self.peer.topology.roles
+        if not self.peer.all_peers_can_meet(round) or (
+                roles is not None and len(roles.workers) < self.peer.topology.size):
+            return None, None  # a lost peer, or ranks that only serve (and never probe)
         try:
             return self._measure(model, round)
         except (PeerGone, CollectiveAborted) as exc:
