@@ -31,6 +31,7 @@ class AsyncParameterServer(ParameterServer):
     """Async / ssp: workers step locally, push parameter deltas and pull the model."""
 
     operates_on = "params"
+    synchronous = False  # no global round: each worker pulls whenever the server answers
 
 
 @STRATEGIES.register("ps", options=PSOptions)
