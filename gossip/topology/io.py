@@ -248,7 +248,8 @@ def to_dict(topology) -> dict[str, Any]:
     # Keys from a directory are written as that (absolute) directory, so a peer started from
     # the written file still finds its secret key there.
     explicit_keys = topology.keyed and topology.key_dir is None
-    role = {} if topology.roles is None else roles.to_dict(topology.roles, topology.size)
+    given = getattr(topology, "roles", None)
+    role = {} if given is None else roles.to_dict(given, topology.size)
     data["peers"] = [
         {"rank": peer.rank, "host": peer.host, "port": peer.port,
          **({"public_key": peer.public_key} if explicit_keys else {}),
