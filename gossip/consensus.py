@@ -31,8 +31,11 @@ class ConsensusProbe:
         rejoin under way) ends it, and training goes on."""
         roles = self.peer.topology.roles
         if not self.peer.all_peers_can_meet(round) or (
-                roles is not None and len(roles.workers) < self.peer.topology.size):
-            return None, None  # a lost peer, or ranks that only serve (and never probe)
+                roles is not None and len(roles.workers) < self.peer.topology.size) or (
+                not self.peer.strategy.synchronous):
+            # A lost peer; ranks that only serve (they never probe); or no global round:
+            # a peer in the probe would stop answering the others (an async server).
+            return None, None
         try:
             return self._measure(model, round)
         except (PeerGone, CollectiveAborted) as exc:
