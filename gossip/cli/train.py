@@ -274,7 +274,8 @@ def _summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
         lines[-1] += (f"; averaged model {final['avg_accuracy']:.4f}; consensus distance "
                       f"{final['consensus']:.3g}")
     else:  # the probe is an all-reduce over every peer
-        lines[-1] += "; consensus not measured (a peer was lost, or a rank only serves)"
+        lines[-1] += ("; consensus not measured (a peer was lost, a rank only serves, or "
+                      "the strategy has no global round)")
     lines += [death.describe() for death in deaths]
     # Every survivor's record of the peers it lost, and the round it noticed each in.
     noticed: dict[str, list[int]] = {}
