@@ -32,7 +32,9 @@ class ShardServer:
         self.workers, self.options, self.reply = workers, options, reply
         self.scale = options.scale if options.scale is not None else 1.0 / len(workers)
         self.steps: dict[int, dict[int, torch.Tensor]] = {}  # step -> pushes, arrival order
-        self.closed: set[int] = set()
+        # Steps close in order (a worker pushes step r + 1 only after step r's mean), so
+        # a push of a step at or below the last closed one that is not open is late.
+        self.closed_through = INIT_STEP - 1
         self.model: torch.Tensor | None = None  # async/ssp
         self.clocks = {w: 0 for w in workers}  # async/ssp: deltas applied per worker
         self.deferred: list[tuple[int, int]] = []  # ssp: (worker, clock) waiting to pull
@@ -54,7 +56,7 @@ class ShardServer:
     def push(self, worker: int, step: int, tensor: torch.Tensor) -> None:
         """A sync push (or an async worker's first, ``INIT_STEP``)."""
         self.heard.add(worker)
-        if step in self.closed:
+        if step <= self.closed_through and step not in self.steps:
             self.late_pushes += 1
             return
         pushes = self.steps.setdefault(step, {})
@@ -95,7 +97,7 @@ class ShardServer:
         for worker in used[1:]:
             total.add_(pushes[worker])
         total.div_(len(used))
-        self.closed.add(step)
+        self.closed_through = max(self.closed_through, step)
         if step == INIT_STEP:
             self.model = total
             total = total.clone()

@@ -180,6 +180,9 @@ class ParameterServer(Strategy):
             raise ProtocolError(f"rank {self.rank}: peer {msg.src} pushed {n} elements in all "
                                 f"(do all peers synchronize tensors of the same length?)")
         if op == "delta":
+            if self.server.model is None:
+                self.transport.reject(f"{msg.kind} delta from peer {msg.src} before its init")
+                return
             self.server.delta(msg.src, int(msg.meta.get("clock", 0)), tensor)
         else:
             self._check_length(msg.src, msg.round, n)
