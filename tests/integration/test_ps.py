@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gossip.errors import PeerGone
+from gossip.strategies.ps.shards import participants
 from gossip.topology import Topology
 from support import make_local_topology, peer_once_all_bound, run_in_threads
 
@@ -58,6 +59,20 @@ def test_sync_is_the_mean_bitwise_on_every_worker(size, servers):
         first = results[workers[0]][r]
         torch.testing.assert_close(first, mean)
         assert all(torch.equal(results[w][r], first) for w in workers)
+
+
+def test_partial_participation_averages_the_drawn_workers_only():
+    """Each round the workers drawn from (seed, round) push; every worker gets their mean."""
+    topology = ps_topology(5, None)
+    data = torch.arange(5 * 3 * 7, dtype=torch.float64).view(5, 3, 7) ** 1.5
+    results = run_ps(topology, lambda peer, rank: [peer.synchronize(data[rank, r], r)
+                                                   for r in range(3)],
+                     participation=0.6, seed=4)
+    drawn = [participants(tuple(range(5)), 0.6, 4, r) for r in range(3)]
+    assert len(set(drawn)) > 1 and all(len(d) == 3 for d in drawn)
+    for r in range(3):
+        torch.testing.assert_close(results[0][r], data[list(drawn[r]), r].mean(0))
+        assert all(torch.equal(results[w][r], results[0][r]) for w in range(5))
 
 
 def test_colocated_shards_send_ring_allreduces_payload():
