@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from gossip.errors import ConfigError
 from gossip.strategies.base import EXACT_MEAN, STRATEGIES, RoundPlan, Strategy
 from gossip.strategies.local.groups import GroupMean, resolve_groups
 from gossip.strategies.local.options import LocalOptions
@@ -41,6 +42,13 @@ class Local(Strategy):
                                        transport=transport, options=opts.inner_options)
         for key, value in self.capabilities_for(opts).items():
             setattr(self, key, value)
+        roles = topology.roles
+        if (roles is not None and len(roles.workers) < topology.size
+                and (opts.group_period is not None
+                     or (opts.warmup_rounds and not self.inner.exact_mean))):
+            raise ConfigError("local: group_period, or warmup_rounds over an inner strategy "
+                              "that is not an exact mean, needs every rank, and some ranks "
+                              "of this topology only serve")
         self.warm = self.inner
         if opts.warmup_rounds and not self.inner.exact_mean:
             self.warm = STRATEGIES.create(EXACT_MEAN, rank=rank, topology=topology,
