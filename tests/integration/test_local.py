@@ -132,7 +132,6 @@ def test_parameter_strategies_synchronize_buffers_and_optimizer_state(
     stats, momenta, states = [None] * 3, [None] * 3, [None] * 3
 
     def main(rank: int) -> None:
-        torch.manual_seed(0) if rank == 0 else None
         model = BatchNormNet()
         with torch.no_grad():
             for i, p in enumerate(model.parameters()):
