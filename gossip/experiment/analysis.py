@@ -97,6 +97,8 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
     inner, family_options = _inner(strategy, options)
     wrapper = inner != strategy
     family = inner + (json.dumps(family_options, sort_keys=True) if family_options else "")
+    own = {k: v for k, v in options.items() if k not in ("inner", "inner_options")}
+    family += json.dumps(own, sort_keys=True) if wrapper and own else ""  # local's period
     family += f"@{config['netns']['rate']}" if config.get("netns") else ""
     avg = [r["avg_accuracy"] for row in rows for r in row[:1] if r.get("avg_accuracy") is not None]
     return Curve(
