@@ -94,6 +94,9 @@ class NonBlocking(Strategy):
     # are no longer sent to it. A restarted peer cannot rejoin a running job (rejoin_round
     # raises): its STOPs of the rounds it replays would close rounds the others finished.
 
+    def serve(self) -> None:
+        self.inner.serve()
+
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "stopped": self._stopped,
                 "drained_at": self._drained_at}
