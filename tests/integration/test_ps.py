@@ -147,6 +147,30 @@ def test_ssp_pulls_are_never_more_than_s_clocks_stale():
         assert all(low >= clock - s for clock, low in results[rank]), results[rank]
 
 
+def test_backup_steps_use_the_first_pushes_and_the_late_worker_gets_the_same_means():
+    """backup 1, worker 3 always last: each step is the mean of workers 1 and 2, and worker
+    3, holding answers of steps it has not pushed yet, gets each step's own mean."""
+    topology = ps_topology(4, [0])
+    closed = [threading.Barrier(3, timeout=TIMEOUT) for _ in range(3)]
+
+    def body(peer, rank):
+        out = []
+        for r in range(3):
+            if rank == 3:
+                closed[r].wait()  # step r closed without us: workers 1 and 2 got its mean
+            out.append(peer.synchronize(torch.full((5,), float(rank * 10 + r)), r))
+            if rank != 3:
+                closed[r].wait()
+        return out
+
+    results = run_ps(topology, body, backup=1)
+    for r in range(3):
+        assert torch.equal(results[1][r], torch.full((5,), 15.0 + r)), results[1]
+        assert torch.equal(results[3][r], results[1][r]) and torch.equal(results[2][r],
+                                                                         results[1][r])
+    assert results[0].server.late_pushes == 3
+
+
 @pytest.mark.slow
 def test_a_dead_server_is_a_named_error_on_every_worker():
     data = make_local_topology("complete", 3).to_dict()

@@ -102,7 +102,8 @@ class ShardServer:
             self.model = total
             total = total.clone()
         for worker in self.workers:
-            self.reply(worker, {"clock": 0, "min_clock": 0, "used": len(used)}, total)
+            self.reply(worker, {"step": step, "clock": 0, "min_clock": 0, "used": len(used)},
+                       total)
 
     def _release(self) -> None:
         """Answer the pulls whose staleness bound holds (all of them unless ssp)."""
@@ -115,7 +116,8 @@ class ShardServer:
         for worker, clock in self.deferred:
             if slowest >= clock - bound:
                 low = clock if math.isinf(slowest) else int(slowest)
-                self.reply(worker, {"clock": clock, "min_clock": low}, self.model.clone())
+                self.reply(worker, {"step": clock, "clock": clock, "min_clock": low},
+                           self.model.clone())
             else:
                 waiting.append((worker, clock))
         self.deferred = waiting

@@ -50,7 +50,7 @@ class ParameterServer(Strategy):
         self.trains = rank in self.workers
         self.server = (ShardServer(self.workers, self.options, self._reply)
                        if rank in self.servers else None)
-        self.pulls: dict[int, Message] = {}  # shard -> this worker's answer
+        self.pulls: dict[tuple[int, int], Message] = {}  # (step, shard) -> an answer
         self.clock = 0  # async/ssp: deltas pushed
         self.last: torch.Tensor | None = None  # async/ssp: the parameters last pulled
         self.pulled_clocks: list[tuple[int, int]] = []  # (own clock, slowest) per pull
@@ -88,23 +88,24 @@ class ParameterServer(Strategy):
                                     f"{self.last.numel()} before (the length must not change)")
             self.clock += 1
             push, step, payload = "delta", self.clock, flat - self.last
-        self.pulls.clear()
         sent = []
         if push is not None:
             for k, (lo, hi) in enumerate(parts):
                 sent.append(self._send(self.servers[k], push, step, payload[lo:hi],
                                        n=flat.numel(), clock=self.clock))
-        self._pump(lambda: len(self.pulls) == len(self.servers),
-                   lambda: f"answer from server(s) {self._silent()} for round {round}")
+        wanted = [(step, k) for k in range(len(self.servers))]
+        self._pump(lambda: all(key in self.pulls for key in wanted),
+                   lambda: f"answer from server(s) {self._silent(wanted)} for round {round}")
+        answers = [self.pulls.pop(key) for key in wanted]
         for delivery in sent:  # our pushes were read zero-copy: wait before x may change
             if delivery is not None:
                 delivery.wait()
-        for k, (lo, hi) in enumerate(parts):
-            dest[lo:hi].copy_(self._expect(self.pulls[k], hi - lo))
+        for answer, (lo, hi) in zip(answers, parts):
+            dest[lo:hi].copy_(self._expect(answer, hi - lo))
         if self.options.mode != "sync":
             self.last = dest.clone()
             self.pulled_clocks.append(
-                (self.clock, min(int(m.meta.get("min_clock", 0)) for m in self.pulls.values())))
+                (self.clock, min(int(m.meta.get("min_clock", 0)) for m in answers)))
         return dest.view_as(x)
 
     def stop_requested(self, round: int) -> bool:
@@ -149,7 +150,7 @@ class ParameterServer(Strategy):
 
     def _reply(self, worker: int, meta: dict, tensor: torch.Tensor) -> None:
         shard = self.servers.index(self.rank)
-        self._send(worker, "pull", int(meta.get("clock", 0)), tensor, shard=shard, **meta)
+        self._send(worker, "pull", meta["step"], tensor, shard=shard, **meta)
 
     def _handle(self, msg: Message) -> None:
         op = msg.meta.get("op")
@@ -160,7 +161,8 @@ class ParameterServer(Strategy):
             if msg.src not in self.servers or not self.trains:
                 self.transport.reject(f"{msg.kind} pull from peer {msg.src}, not a server")
                 return
-            self.pulls[self.servers.index(msg.src)] = msg
+            # Keyed by step: a late worker (backup) may hold answers of two steps at once.
+            self.pulls[(msg.round, self.servers.index(msg.src))] = msg
             return
         if self.server is None or msg.src not in self.workers:
             self.transport.reject(f"{msg.kind} {op} from peer {msg.src}: not a worker of a "
@@ -243,8 +245,9 @@ class ParameterServer(Strategy):
             log.warning("rank %d: parameter server drops dead worker %d", self.rank, worker)
             self.server.goodbye(worker)
 
-    def _silent(self) -> str:
-        return ", ".join(str(s) for k, s in enumerate(self.servers) if k not in self.pulls)
+    def _silent(self, wanted) -> str:
+        return ", ".join(str(self.servers[k]) for step, k in wanted
+                         if (step, k) not in self.pulls)
 
     def _waiting_for(self) -> set[int]:
         return set(self.workers) if not self.trains else self.server.heard
