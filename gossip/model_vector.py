@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from gossip.errors import ConfigError
+
 
 class ModelVector:
     """The tensors of ``model`` (and ``optimizer``) a parameter round synchronizes.
@@ -44,7 +46,14 @@ class ModelVector:
 
 
 def momentum_buffer(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor:
-    """``param``'s momentum buffer in ``optimizer``, created as zeros if it has none."""
+    """``param``'s momentum buffer in ``optimizer``, created as zeros if it has none.
+
+    Raises:
+        ConfigError: the optimizer keeps no momentum buffers (only SGD's are averaged).
+    """
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise ConfigError(f"optimizer_state average synchronizes SGD's momentum buffers; "
+                          f"{type(optimizer).__name__} keeps other state (use keep or reset)")
     state = optimizer.state[param]
     if state.get("momentum_buffer") is None:
         state["momentum_buffer"] = torch.zeros_like(param)
