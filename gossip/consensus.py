@@ -29,7 +29,12 @@ class ConsensusProbe:
         """The consensus distance and the average model's test accuracy, or (None, None)
         when the probe cannot run: it is an all-reduce over every peer, so a lost peer (or a
         rejoin under way) ends it, and training goes on."""
-        if not self.peer.all_peers_can_meet(round):
+        roles = self.peer.topology.roles
+        if not self.peer.all_peers_can_meet(round) or (
+                roles is not None and len(roles.workers) < self.peer.topology.size) or (
+                not self.peer.strategy.synchronous):
+            # A lost peer; ranks that only serve (they never probe); or no global round:
+            # a peer in the probe would stop answering the others (an async server).
             return None, None
         try:
             return self._measure(model, round)

@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from gossip import keys
 from gossip.errors import ConfigError
+from gossip.model_vector import ModelVector, reset_optimizer_state
 from gossip.strategies import DEFAULT, STRATEGIES, Strategy
 from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
 from gossip.transport import Transport, ZmqTransport
@@ -105,6 +106,11 @@ class Peer:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             with self.communicating():  # messages still arriving are decoded and checked
+                try:
+                    self.serve()
+                except BaseException:
+                    self.transport.close()
+                    raise
                 self.transport.shutdown(timeout=min(self.timeout, 10.0))
         else:
             # Error paths close at once (linger 0), except that this peer's notices of dead
@@ -113,6 +119,16 @@ class Peer:
             membership = getattr(self.transport, "membership", None)
             lost = membership is not None and bool(membership.lost)
             self.transport.close(linger=NOTICE_FLUSH_S if lost else 0.0)
+
+    def serve(self) -> None:
+        """Do the work this peer owes the others after its own rounds: a parameter
+        server's serve loop, answering until every worker said goodbye (a server-only rank
+        runs only this). Leaving the ``with`` block runs it too; nothing for strategies
+        without server work."""
+        if self.strategy is None:
+            raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+        with self.communicating():
+            self.strategy.serve()
 
     def add_strategy(self, strategy, **options: Any) -> Strategy:
         """Build another strategy on this peer's transport (give it a distinct ``tag``);
@@ -203,8 +219,10 @@ class Peer:
              minibatches: int = 1) -> None:
         """One synchronized optimizer step.
 
-        Gradient strategies average the gradients before ``optimizer.step()``; gossip
-        strategies step locally, then mix the parameters with the neighbours.
+        Gradient strategies average the gradients before ``optimizer.step()``; parameter
+        strategies step locally, then synchronize the parameters and floating-point buffers
+        (BatchNorm statistics) together; the strategy's ``round_plan`` may vary this per
+        round (local SGD: nothing between averages, gradients during a warm-up).
 
         Args:
             minibatches: ``.grad`` holds the sum of this many mini-batches' gradients (their
@@ -212,7 +230,8 @@ class Peer:
                 non-blocking strategy stopped it); it still takes part in the exchange.
         """
         params = [p for p in model.parameters() if p.requires_grad]
-        if self.strategy.operates_on == "grads":
+        plan = self.strategy.round_plan(self.round)
+        if plan.operates_on == "grads":
             with self.communicating():  # flattening and copying back are ours too
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
                 total = parameters_to_vector(grads)
@@ -232,9 +251,13 @@ class Peer:
                             if p.grad is not None:
                                 p.grad.mul_(1.0 / minibatches)
                 optimizer.step()
-            with torch.no_grad(), self.communicating():
-                mixed = self.synchronize(parameters_to_vector(params), self.round)
-                vector_to_parameters(mixed, params)
+            if plan.exchange:  # the parameters, float buffers and maybe the momentum
+                with torch.no_grad(), self.communicating():
+                    vector = ModelVector(model, optimizer,
+                                         momentum=plan.optimizer_state == "average")
+                    vector.assign(self.synchronize(vector.flatten(), self.round))
+                if plan.optimizer_state == "reset":
+                    reset_optimizer_state(optimizer)
         self.round += 1
 
     def stop_requested(self, round: int) -> bool:

@@ -145,6 +145,13 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
                    f"{checkpoint.load(checkpoint_path, rank=rank)['round']}")
         if metrics_path.exists():  # rewritten up to the round this peer rejoins at
             history = read_jsonl(metrics_path)
+    if topology.roles is not None and rank not in topology.roles.workers:
+        # A server only (topology roles): no training, no metrics; the serve loop.
+        with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
+                  dead_after=config.dead_after, **config.options) as node:
+            node.serve()
+        click.echo(f"peer {rank}: served until every worker said goodbye")
+        return
     with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
               send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
@@ -251,7 +258,7 @@ def _summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
     died = {death.rank: death for death in deaths}
     rows, last = [], {}
     for rank in ranks:
-        if rank in died:
+        if rank in died or not (run_dir / f"peer-{rank}.jsonl").exists():  # or a server only
             continue
         records = read_jsonl(run_dir / f"peer-{rank}.jsonl")
         last[rank] = records[-1]
@@ -267,7 +274,8 @@ def _summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
         lines[-1] += (f"; averaged model {final['avg_accuracy']:.4f}; consensus distance "
                       f"{final['consensus']:.3g}")
     else:  # the probe is an all-reduce over every peer
-        lines[-1] += "; consensus not measured (a peer was lost)"
+        lines[-1] += ("; consensus not measured (a peer was lost, a rank only serves, or "
+                      "the strategy has no global round)")
     lines += [death.describe() for death in deaths]
     # Every survivor's record of the peers it lost, and the round it noticed each in.
     noticed: dict[str, list[int]] = {}

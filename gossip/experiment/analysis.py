@@ -46,6 +46,12 @@ class Curve:
         hit = np.nonzero(self.loss <= target)[0]
         return float(self.time[hit[0]]) if hit.size else None
 
+    def bytes_to(self, target: float) -> float | None:
+        """Bytes sent per peer until the smoothed loss first reached ``target`` (None:
+        never)."""
+        hit = np.nonzero(self.loss <= target)[0]
+        return float(self.bytes_sent[hit[0]]) if hit.size else None
+
 
 def run_dirs(path: Path) -> list[Path]:
     """The run directories under ``path`` in experiment order (``path`` itself if it is
@@ -91,6 +97,8 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
     inner, family_options = _inner(strategy, options)
     wrapper = inner != strategy
     family = inner + (json.dumps(family_options, sort_keys=True) if family_options else "")
+    own = {k: v for k, v in options.items() if k not in ("inner", "inner_options")}
+    family += json.dumps(own, sort_keys=True) if wrapper and own else ""  # local's period
     family += f"@{config['netns']['rate']}" if config.get("netns") else ""
     avg = [r["avg_accuracy"] for row in rows for r in row[:1] if r.get("avg_accuracy") is not None]
     return Curve(
@@ -154,7 +162,8 @@ def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
 
 def summarize(curves: Sequence[Curve], *, target: float | None,
               baselines: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """One row per run: final figures, time to ``target`` and speed-ups vs ``baselines``."""
+    """One row per run: final figures, time and bytes to ``target`` and speed-ups (in time)
+    vs ``baselines``."""
     reached = {c.name: c.time_to(target) if target is not None else None for c in curves}
     rows = []
     for c in curves:
@@ -170,6 +179,8 @@ def summarize(curves: Sequence[Curve], *, target: float | None,
         }
         if target is not None:
             row[f"time to {target:g} s"] = reached[c.name]
+            sent = c.bytes_to(target)
+            row[f"MB to {target:g}"] = sent / 1e6 if sent is not None else None
             for base in baselines:
                 mine, theirs = reached[c.name], reached.get(base)
                 row[f"speed-up vs {base}"] = (theirs / mine if mine and theirs else None)

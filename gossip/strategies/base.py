@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -21,6 +22,19 @@ CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer
 DEFAULT = "dpsgd"
 #: An exact all-reduce mean over every peer (the consensus probe measures with it).
 EXACT_MEAN = "ring-allreduce"
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What ``Peer.step`` does with a model in one round (``Strategy.round_plan``)."""
+
+    #: ``"grads"``: average the gradients, then step; ``"params"``: step, then synchronize.
+    operates_on: Literal["grads", "params"]
+    #: Params: whether this round synchronizes at all (local SGD sends nothing in between).
+    exchange: bool = True
+    #: The optimizer's state at an exchange: ``keep`` it local, ``reset`` it (zero the
+    #: momentum), or ``average`` it (the momentum buffers are synchronized with the model).
+    optimizer_state: Literal["keep", "reset", "average"] = "keep"
 
 
 class Strategy(ABC):
@@ -89,6 +103,16 @@ class Strategy(ABC):
         """
 
     # -- a training round, as the training loop runs it (defaults: blocking SGD) ----------
+    def round_plan(self, round: int) -> RoundPlan:
+        """How ``Peer.step`` treats the model in ``round``: by default as ``operates_on``
+        says, every round (local SGD varies it)."""
+        return RoundPlan(self.operates_on)
+
+    def serve(self) -> None:
+        """Work this peer owes the others after its own last round (a parameter server
+        answering until every worker said goodbye); ``Peer`` runs it before it closes.
+        Nothing by default."""
+
     def stop_requested(self, round: int) -> bool:
         """Whether this peer should stop computing mini-batches of ``round`` now (asked
         between mini-batches; never blocks). Blocking strategies compute them all."""

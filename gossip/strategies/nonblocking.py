@@ -29,6 +29,7 @@ import torch
 from gossip.errors import ConfigError, PeerTimeout
 from gossip.strategies.base import EXACT_MEAN, STRATEGIES, Strategy
 from gossip.strategies.options import Options, option
+from gossip.strategies.wrapping import inner_options
 from gossip.transport import Message
 
 # STOP(round) messages that arrive after their round ended are drained this many rounds back.
@@ -49,20 +50,8 @@ class NonBlockingOptions(Options):
 
     def __post_init__(self):
         super().__post_init__()
-        try:
-            entry = STRATEGIES.entry(self.inner)
-        except ConfigError as exc:  # it lists the strategies
-            raise ConfigError(f"nonblocking: inner: {exc}") from None
-        if entry.options is NonBlockingOptions:
-            raise ConfigError("nonblocking: inner: cannot wrap nonblocking itself")
-        given = self.inner_options
-        if given is not None and not isinstance(given, (Mapping, Options)):
-            raise ConfigError(f"nonblocking: inner_options: expected a mapping, got {given!r}")
-        try:
-            inner = STRATEGIES.options(self.inner, given)
-        except ConfigError as exc:
-            raise ConfigError(f"nonblocking: inner_options: {exc}") from None
-        cls = entry.select(inner)
+        inner, cls = inner_options("nonblocking", self.inner, self.inner_options,
+                                   own=NonBlockingOptions)
         if cls.operates_on == "grads" and not cls.exact_mean:
             # The count travels as one extra element: only an exact mean keeps it exact.
             raise ConfigError(f"nonblocking: inner: {self.inner!r} with these options is not "
@@ -104,6 +93,9 @@ class NonBlocking(Strategy):
     # A dead peer: the inner strategy decides (gossip drops it, all-reduce stops), and STOPs
     # are no longer sent to it. A restarted peer cannot rejoin a running job (rejoin_round
     # raises): its STOPs of the rounds it replays would close rounds the others finished.
+
+    def serve(self) -> None:
+        self.inner.serve()
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "stopped": self._stopped,

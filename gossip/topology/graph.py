@@ -13,6 +13,7 @@ from gossip import keys
 from gossip.errors import ConfigError, TopologyError
 from gossip.topology import generators, io, weights
 from gossip.topology.address import PeerAddress, check_peers, is_int
+from gossip.topology.roles import Roles
 
 # describe() prints the P x P matrix only while it stays readable.
 _DESCRIBE_MAX_MATRIX = 32
@@ -56,6 +57,7 @@ class Topology:
         name: Human label, e.g. ``"ring-8"``.
         key_dir: Directory holding the peers' ``peer-R.key`` secret keys (a peer finds its own
             there); the public keys themselves are the peers' ``public_key``.
+        roles: Parameter-server roles (workers and servers); None: none given.
 
     Raises:
         TopologyError: Naming the field for any invalid peer, duplicate rank or address,
@@ -63,7 +65,7 @@ class Topology:
     """
 
     def __init__(self, graph: nx.Graph, peers: Sequence[PeerAddress], *, name: str | None = None,
-                 key_dir: str | Path | None = None):
+                 key_dir: str | Path | None = None, roles: Roles | None = None):
         if name is not None and not isinstance(name, str):
             raise TopologyError(f"name: expected a string, got {name!r}")
         self._peers = check_peers(tuple(peers))
@@ -77,6 +79,9 @@ class Topology:
         }
         self._edges = tuple(sorted(self._graph.edges()))
         self._mixing: np.ndarray | None = None
+        if roles is not None and not {*roles.servers, *roles.workers} <= set(range(self.size)):
+            raise TopologyError(f"roles: ranks outside 0..{self.size - 1}")
+        self._roles = roles
 
     # -- plain data -----------------------------------------------------------------
 
@@ -98,6 +103,11 @@ class Topology:
     def size(self) -> int:
         """Number of peers P."""
         return len(self._peers)
+
+    @property
+    def roles(self) -> Roles | None:
+        """Parameter-server roles, if the topology gives any."""
+        return self._roles
 
     @property
     def keyed(self) -> bool:
@@ -122,7 +132,8 @@ class Topology:
         except ConfigError as exc:
             raise TopologyError(f"keys: {exc}") from None
         peers = [PeerAddress(p.rank, p.host, p.port, public[p.rank]) for p in self._peers]
-        return Topology(self._graph, peers, name=self._name, key_dir=directory)
+        return Topology(self._graph, peers, name=self._name, key_dir=directory,
+                        roles=self._roles)
 
     def _rank(self, rank: int) -> int:
         if not is_int(rank) or not 0 <= rank < self.size:
@@ -173,7 +184,7 @@ class Topology:
         """
         try:
             parts = io.parse(data)
-            topology = cls(parts.graph, parts.peers, name=parts.name)
+            topology = cls(parts.graph, parts.peers, name=parts.name, roles=parts.roles)
             keys = io.key_dir(data, topology, Path(base_dir))
             return topology if keys is None else topology.with_keys(keys)
         except ConfigError as exc:
@@ -228,7 +239,8 @@ class Topology:
             )
             for peer in self._peers
         ]
-        return Topology(self._graph, peers, name=self._name, key_dir=self._key_dir)
+        return Topology(self._graph, peers, name=self._name, key_dir=self._key_dir,
+                        roles=self._roles)
 
     # -- presentation ---------------------------------------------------------------
 
@@ -244,6 +256,7 @@ class Topology:
             lines.append(
                 f"  rank {peer.rank:>{width}}  {peer.host}:{peer.port}  degree {self.degree(peer.rank)}"
                 f"  neighbours {list(self.neighbors(peer.rank))}"
+                + (f"  {self._roles.role(peer.rank)}" if self._roles is not None else "")
             )
         lines.append("edges: " + (" ".join(f"{a}-{b}" for a, b in self._edges) or "(none)"))
         if self.size <= _DESCRIBE_MAX_MATRIX:
@@ -258,7 +271,7 @@ class Topology:
     # -- value semantics ------------------------------------------------------------
 
     def _key(self) -> tuple:
-        return (self._name, self._peers, self._edges)
+        return (self._name, self._peers, self._edges, self._roles)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Topology):

@@ -4,7 +4,7 @@
 a one-line TopologyError starting with the source (file path) and naming the offending
 field, e.g. ``topologies/x.yaml: peers[2].port: ...``. This module does not import the
 Topology: it writes any object with its ``name``, ``peers``, ``keyed``, ``key_dir``,
-``size`` and ``edges()``.
+``roles``, ``size`` and ``edges()``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import networkx as nx
 import yaml
 
 from gossip.errors import ConfigError, TopologyError
-from gossip.topology import generators
+from gossip.topology import generators, roles
 from gossip.topology.address import PeerAddress, is_int
 
-_KEYS = ("name", "peers", "hosts", "size", "host", "base_port", "graph", "edges", "keys")
-_PEER_KEYS = ("rank", "host", "port", "public_key")
+_KEYS = ("name", "peers", "hosts", "size", "host", "base_port", "graph", "edges", "keys",
+         "servers")
+_PEER_KEYS = ("rank", "host", "port", "public_key", "role")
 _REQUIRED_PEER_KEYS = ("rank", "host", "port")
 _DEFAULT_HOST = "127.0.0.1"
 _DEFAULT_BASE_PORT = 7000
@@ -48,6 +49,7 @@ class TopologyParts(NamedTuple):
     name: str | None
     peers: list[PeerAddress]
     graph: nx.Graph
+    roles: roles.Roles | None = None
 
 
 def read(path: str | Path) -> Any:
@@ -92,7 +94,13 @@ def parse(data: Any) -> TopologyParts:
     if name is not None and not isinstance(name, str):
         raise TopologyError(f"name: expected a string, got {name!r}")
     peers = _parse_peers(data)
-    return TopologyParts(name, peers, _parse_graph(data, len(peers)))
+    found = roles.parse(data, len(peers))
+    if found is not None and "graph" not in data and "edges" not in data:
+        return TopologyParts(name, peers, found.implied_graph(len(peers)), found)
+    graph = _parse_graph(data, len(peers))
+    if found is not None:
+        roles.check_graph(found, graph, "graph" if "graph" in data else "edges")
+    return TopologyParts(name, peers, graph, found)
 
 
 def key_dir(data: dict, topology, base_dir: Path) -> Path | None:
@@ -240,9 +248,12 @@ def to_dict(topology) -> dict[str, Any]:
     # Keys from a directory are written as that (absolute) directory, so a peer started from
     # the written file still finds its secret key there.
     explicit_keys = topology.keyed and topology.key_dir is None
+    given = getattr(topology, "roles", None)
+    role = {} if given is None else roles.to_dict(given, topology.size)
     data["peers"] = [
         {"rank": peer.rank, "host": peer.host, "port": peer.port,
-         **({"public_key": peer.public_key} if explicit_keys else {})}
+         **({"public_key": peer.public_key} if explicit_keys else {}),
+         **({"role": role[peer.rank]} if role else {})}
         for peer in topology.peers
     ]
     if topology.key_dir is not None:

@@ -40,8 +40,9 @@ class Steps:
 
 def run_training_steps(topology: Topology, strategy: str, *, steps: int = 2, lr: float = 0.1,
                        same_init: bool = True, loopback: bool = False,
-                       timeout: float = 10.0) -> Steps:
-    """Each peer trains a TinyNet with SGD through ``Peer.step`` on its own batches."""
+                       timeout: float = 10.0, **options) -> Steps:
+    """Each peer trains a TinyNet with SGD through ``Peer.step`` on its own batches
+    (``options``: the strategy's)."""
     size = topology.size
     hub = LoopbackHub(size) if loopback else None
     record: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(size)]
@@ -59,7 +60,7 @@ def run_training_steps(topology: Topology, strategy: str, *, steps: int = 2, lr:
         trainable = [p for p in model.parameters() if p.requires_grad]
         batches = torch.Generator().manual_seed(1000 + rank)
         with peer_once_all_bound(rank, topology, strategy, all_bound, hub=hub,
-                                 timeout=timeout) as peer:
+                                 timeout=timeout, **options) as peer:
             for _ in range(steps):
                 inputs = torch.randn(5, 4, generator=batches)
                 targets = torch.randn(5, 1, generator=batches)

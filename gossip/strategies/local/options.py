@@ -1,0 +1,74 @@
+"""Options of ``local`` (local SGD): the period, the warm-up, the groups, the optimizer state.
+
+The inner strategy's options nest (``inner_options``), as ``nonblocking``'s do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gossip.errors import ConfigError
+from gossip.strategies.base import EXACT_MEAN
+from gossip.strategies.options import Options, at_least, option
+from gossip.strategies.wrapping import inner_options
+
+
+def _groups(value: Any) -> str | None:
+    if value == "hosts":
+        return None
+    if not isinstance(value, (list, tuple)) or not value:
+        return "must be 'hosts' or a non-empty list of lists of ranks"
+    seen: set[int] = set()
+    for group in value:
+        if not isinstance(group, (list, tuple)) or not group:
+            return f"must be lists of ranks, got the group {group!r}"
+        for rank in group:
+            if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+                return f"must hold ranks (integers >= 0), got {rank!r}"
+            if rank in seen:
+                return f"must not share ranks: rank {rank} is in two groups"
+            seen.add(rank)
+    return None
+
+
+@dataclass(frozen=True)
+class LocalOptions(Options):
+    """Options of ``local``; ``inner_options`` become the inner strategy's own."""
+
+    examples = ({"period": 2}, {"inner": "dpsgd", "period": 2, "warmup_rounds": 1})
+
+    inner: str = option(EXACT_MEAN, "the strategy that averages the parameters every period: "
+                                    "ring-allreduce (exact), dpsgd or matcha (decentralized), "
+                                    "ps")
+    inner_options: Any = option(None, "the inner strategy's options, e.g. {mode: sync}")
+    period: int = option(4, "H: local steps per average (1 with plain SGD is mini-batch SGD)",
+                         check=at_least(1))
+    warmup_rounds: int = option(0, "post-local SGD: average the gradients exactly in the first "
+                                   "this many rounds, then local SGD", check=at_least(0))
+    group_period: int | None = option(None, "hierarchical: average inside each group every "
+                                            "this many steps (divides period; none: off)",
+                                      check=at_least(1))
+    groups: Any = option("hosts", "the groups of group_period: 'hosts' (peers sharing a host) "
+                                  "or lists of ranks covering every rank once")
+    optimizer_state: str = option("keep", "the optimizer's state at an average: keep it local, "
+                                          "reset it, or average it with the model",
+                                  choices=("keep", "reset", "average"))
+    tag: str = option("local", "prefix of its own message kinds (groups, warm-up)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        why = _groups(self.groups)
+        if why:
+            raise ConfigError(f"local: groups {why}")
+        if self.group_period is not None and (self.group_period >= self.period
+                                              or self.period % self.group_period):
+            raise ConfigError(f"local: group_period must divide period and be shorter (the "
+                              f"periods nest), got group_period {self.group_period} with "
+                              f"period {self.period}")
+        inner, cls = inner_options("local", self.inner, self.inner_options, own=LocalOptions)
+        if cls.operates_on == "grads" and not cls.exact_mean:
+            raise ConfigError(f"local: inner: {self.inner!r} with these options does not "
+                              f"average parameters exactly; use an exact mean or a gossip "
+                              f"(params) strategy")
+        object.__setattr__(self, "inner_options", inner)

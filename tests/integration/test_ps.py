@@ -1,0 +1,225 @@
+"""Parameter servers (``ps``) against oracles, real peers over ZeroMQ on loopback: sync is
+the mean, bitwise on every worker; S = P colocated shards move ring-allreduce's payload;
+async unit-vector deltas count pushes exactly; ssp pulls are never more than s clocks
+stale; dead servers and workers are named errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from gossip.errors import PeerGone
+from gossip.strategies.ps.shards import participants
+from gossip.topology import Topology
+from support import make_local_topology, peer_once_all_bound, run_in_threads
+
+TIMEOUT = 10.0
+
+
+def ps_topology(size: int, servers: list[int] | None) -> Topology:
+    """``size`` peers on free local ports; ``servers`` serve only (None: no roles, every
+    peer trains and serves a shard)."""
+    plain = make_local_topology("complete", size)
+    if servers is None:
+        return plain
+    data = {**plain.to_dict(), "servers": servers}
+    del data["edges"]  # implied: every worker linked to every server
+    return Topology.from_dict(data)
+
+
+def run_ps(topology: Topology, body, **options) -> list:
+    """``body(peer, rank)`` on every worker; servers only serve. Returns body's results."""
+    bound = threading.Barrier(topology.size, timeout=TIMEOUT)
+    workers = topology.roles.workers if topology.roles else range(topology.size)
+
+    def main(rank: int):
+        with peer_once_all_bound(rank, topology, "ps", bound, timeout=TIMEOUT,
+                                 **options) as peer:
+            if rank not in workers:
+                peer.serve()
+                return peer.strategy
+            return body(peer, rank)
+
+    return run_in_threads(topology.size, main, timeout=4 * TIMEOUT)
+
+
+@pytest.mark.parametrize("size, servers", [(5, None), (4, [0]), (5, [1, 3])])
+def test_sync_is_the_mean_bitwise_on_every_worker(size, servers):
+    topology = ps_topology(size, servers)
+    workers = topology.roles.workers if topology.roles else tuple(range(size))
+    data = {w: torch.randn(3, 13, dtype=torch.float64, generator=torch.Generator().manual_seed(w))
+            for w in workers}
+    results = run_ps(topology, lambda peer, rank: [peer.synchronize(data[rank][r], r)
+                                                   for r in range(3)])
+    for r in range(3):
+        mean = torch.stack([data[w][r] for w in workers]).mean(0)
+        first = results[workers[0]][r]
+        torch.testing.assert_close(first, mean)
+        assert all(torch.equal(results[w][r], first) for w in workers)
+
+
+def test_partial_participation_averages_the_drawn_workers_only():
+    """Each round the workers drawn from (seed, round) push; every worker gets their mean."""
+    topology = ps_topology(5, None)
+    data = torch.arange(5 * 3 * 7, dtype=torch.float64).view(5, 3, 7) ** 1.5
+    results = run_ps(topology, lambda peer, rank: [peer.synchronize(data[rank, r], r)
+                                                   for r in range(3)],
+                     participation=0.6, seed=4)
+    drawn = [participants(tuple(range(5)), 0.6, 4, r) for r in range(3)]
+    assert len(set(drawn)) > 1 and all(len(d) == 3 for d in drawn)
+    for r in range(3):
+        torch.testing.assert_close(results[0][r], data[list(drawn[r]), r].mean(0))
+        assert all(torch.equal(results[w][r], results[0][r]) for w in range(5))
+
+
+def test_colocated_shards_send_ring_allreduces_payload():
+    """S = P, every peer a worker and a server: each peer's tensor bytes equal those of
+    ring-allreduce on the same peers and vector (2 (P - 1) / P of it)."""
+    topology = ps_topology(3, None)
+    payload = {}
+    bound = threading.Barrier(3, timeout=TIMEOUT)
+
+    def main(rank: int) -> None:
+        counted = {"ps": 0, "ring": 0}
+        with peer_once_all_bound(rank, topology, "ps", bound, timeout=TIMEOUT) as peer:
+            ring = peer.add_strategy("ring-allreduce")
+            send = peer.transport.send
+
+            def counting(dst, msg, **kw):
+                counted[msg.kind.split(".")[0]] += sum(b.numel() * b.element_size()
+                                                       for b in msg.buffers)
+                return send(dst, msg, **kw)
+
+            peer.transport.send = counting
+            x = torch.arange(12, dtype=torch.float32) + rank
+            peer.synchronize(x, 0)
+            ring.synchronize(x, 0)
+            peer.transport.send = send
+        payload[rank] = counted
+
+    run_in_threads(3, main, timeout=3 * TIMEOUT)
+    for rank in range(3):
+        assert payload[rank]["ps"] == payload[rank]["ring"] == 2 * 2 * 4 * 4, payload
+
+
+def test_async_unit_deltas_count_every_push():
+    """Worker w pushes e_w at every step (scale 1): each pull is a vector of push counts
+    whose own entry is the puller's count so far; the servers end at the exact counts."""
+    topology = ps_topology(5, [0, 1])  # 2 servers, workers 2, 3, 4
+    steps = {2: 4, 3: 6, 4: 5}
+
+    def body(peer, rank):
+        x = peer.synchronize(torch.zeros(5), 0)  # the common start: the mean of zeros
+        for step in range(1, steps[rank] + 1):
+            x = x.clone()
+            x[rank] += 1
+            x = peer.synchronize(x, step)
+            assert x[rank] == step and bool((x == x.round()).all()), x
+            assert all(0 <= x[w] <= steps[w] for w in steps), x
+            time.sleep(0.002 * rank)
+        return x
+
+    results = run_ps(topology, body, mode="async", scale=1.0)
+    model = torch.cat([results[0].server.model, results[1].server.model])
+    assert model.tolist() == [0, 0, 4, 6, 5]
+
+
+def test_ssp_pulls_are_never_more_than_s_clocks_stale():
+    topology = ps_topology(4, [0])  # workers 1, 2, 3; worker 3 is slow
+    s = 1
+
+    def body(peer, rank):
+        x = peer.synchronize(torch.zeros(4), 0)
+        for step in range(1, 7):
+            x = x.clone()
+            x[rank] += 1
+            if rank == 3:
+                time.sleep(0.03)
+            x = peer.synchronize(x, step)
+            assert all(x[w] >= step - s for w in (1, 2, 3)), (rank, step, x)
+        return peer.strategy.pulled_clocks
+
+    results = run_ps(topology, body, mode="ssp", staleness=s, scale=1.0)
+    for rank in (1, 2, 3):
+        assert all(low >= clock - s for clock, low in results[rank]), results[rank]
+
+
+def test_backup_steps_use_the_first_pushes_and_the_late_worker_gets_the_same_means():
+    """backup 1, worker 3 always last: each step is the mean of workers 1 and 2, and worker
+    3, holding answers of steps it has not pushed yet, gets each step's own mean."""
+    topology = ps_topology(4, [0])
+    closed = [threading.Barrier(3, timeout=TIMEOUT) for _ in range(3)]
+
+    def body(peer, rank):
+        out = []
+        for r in range(3):
+            if rank == 3:
+                closed[r].wait()  # step r closed without us: workers 1 and 2 got its mean
+            out.append(peer.synchronize(torch.full((5,), float(rank * 10 + r)), r))
+            if rank != 3:
+                closed[r].wait()
+        return out
+
+    results = run_ps(topology, body, backup=1)
+    for r in range(3):
+        assert torch.equal(results[1][r], torch.full((5,), 15.0 + r)), results[1]
+        assert torch.equal(results[3][r], results[1][r]) and torch.equal(results[2][r],
+                                                                         results[1][r])
+    assert results[0].server.late_pushes == 3
+
+
+@pytest.mark.slow
+def test_a_dead_server_is_a_named_error_on_every_worker():
+    data = make_local_topology("complete", 3).to_dict()
+    data["peers"][0]["role"] = "both"  # the others are workers
+    topology = Topology.from_dict(data)
+    bound = threading.Barrier(3, timeout=TIMEOUT)
+    errors = {}
+
+    def main(rank: int) -> None:
+        try:
+            with peer_once_all_bound(rank, topology, "ps", bound, timeout=TIMEOUT,
+                                     dead_after=0.5) as peer:
+                peer.synchronize(torch.ones(4), 0)  # every link is up
+                if rank == 0:
+                    raise RuntimeError("the server crashes")
+                peer.synchronize(torch.ones(4), 1)
+        except (RuntimeError, PeerGone) as exc:
+            errors[rank] = exc
+
+    run_in_threads(3, main, timeout=3 * TIMEOUT)
+    for rank in (1, 2):
+        assert isinstance(errors[rank], PeerGone), errors
+        assert "parameter server 0" in str(errors[rank]) and "shard 0" in str(errors[rank])
+
+
+@pytest.mark.slow
+def test_a_dead_worker_stops_a_sync_server_by_name_or_is_covered_by_a_backup():
+    for backup, expected in ((0, PeerGone), (1, None)):
+        topology = ps_topology(4, [0])
+        bound = threading.Barrier(4, timeout=TIMEOUT)
+        outcome = {}
+
+        def main(rank: int) -> None:
+            try:
+                with peer_once_all_bound(rank, topology, "ps", bound, timeout=TIMEOUT,
+                                         dead_after=0.5, backup=backup) as peer:
+                    if rank == 0:
+                        peer.serve()
+                        return
+                    peer.synchronize(torch.zeros(4), 0)  # every link is up
+                    if rank == 3:
+                        raise RuntimeError("a worker crashes")
+                    outcome[rank] = peer.synchronize(torch.full((4,), float(rank)), 1)
+            except (RuntimeError, PeerGone) as exc:
+                outcome[rank] = exc
+
+        run_in_threads(4, main, timeout=3 * TIMEOUT)
+        if expected is None:  # step 1 used the two live workers' pushes
+            assert torch.equal(outcome[1], torch.full((4,), 1.5)), outcome
+            assert torch.equal(outcome[2], outcome[1])
+        else:
+            assert isinstance(outcome[0], PeerGone) and "worker(s) 3" in str(outcome[0]), outcome
