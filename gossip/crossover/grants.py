@@ -1,0 +1,72 @@
+"""The grant log: one JSON line per grant of a device (device, job, rank, round,
+t_request, t_grant, t_release, all times Unix), and the checks a log must pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gossip.crossover.rotation import Grant
+
+
+class GrantLog:
+    """Appends grants to ``path`` (None: nowhere). Each line is one ``write`` to a file
+    opened for appending, so several processes may share one log."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = None if path is None else Path(path)
+        self._lock = threading.Lock()
+
+    def write(self, grant: Grant | None) -> None:
+        if self.path is None or grant is None:
+            return
+        data = (json.dumps(grant.as_dict()) + "\n").encode()
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+
+def read_grants(path: str | Path) -> list[dict[str, Any]]:
+    """The grants of a log, in the order they were written."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def overlaps(grants: Iterable[Mapping[str, Any]]) -> list[tuple[dict, dict]]:
+    """Pairs of grants of one device whose [t_grant, t_release] intervals overlap."""
+    by_device = defaultdict(list)
+    for g in grants:
+        by_device[g["device"]].append(dict(g))
+    bad = []
+    for device_grants in by_device.values():
+        device_grants.sort(key=lambda g: g["t_grant"])
+        for a, b in zip(device_grants, device_grants[1:]):
+            if b["t_grant"] < a["t_release"]:
+                bad.append((a, b))
+    return bad
+
+
+def turn_breaks(grants: Iterable[Mapping[str, Any]], jobs: Iterable[str]) -> int:
+    """How often, on any device, a job of ``jobs`` got the device twice in a row while the
+    other jobs of ``jobs`` were still to come back (each one has a later grant there)."""
+    jobs = set(jobs)
+    by_device = defaultdict(list)
+    for g in grants:
+        if g["job"] in jobs:
+            by_device[g["device"]].append(g)
+    breaks = 0
+    for device_grants in by_device.values():
+        device_grants.sort(key=lambda g: g["t_grant"])
+        last_of = {g["job"]: i for i, g in enumerate(device_grants)}
+        for i, (a, b) in enumerate(zip(device_grants, device_grants[1:])):
+            others_later = all(last_of[j] > i + 1 for j in jobs - {a["job"]} if j in last_of)
+            if a["job"] == b["job"] and others_later and len(last_of) == len(jobs):
+                breaks += 1
+    return breaks
