@@ -1,10 +1,11 @@
-"""Command line: `gossip peer | launch | experiment run | plot | topology show | keys | bench |
+"""Command line: `gossip peer | launch | arbiter | experiment run | plot | topology show | keys | bench |
 strategies | compressors`.
 
 One module per command family; importing them registers their commands on ``main``.
 """
 
 from gossip.cli import (  # noqa: F401  (register commands)
+    arbiter,
     bench,
     experiment,
     strategies,
