@@ -1,4 +1,4 @@
-"""Command line: `gossip peer | launch | arbiter | experiment run | plot | topology show | keys | bench |
+"""Command line: `gossip peer | launch | arbiter | crossover | experiment run | plot | topology show | keys | bench |
 strategies | compressors`.
 
 One module per command family; importing them registers their commands on ``main``.
@@ -7,6 +7,7 @@ One module per command family; importing them registers their commands on ``main
 from gossip.cli import (  # noqa: F401  (register commands)
     arbiter,
     bench,
+    crossover,
     experiment,
     strategies,
     topology,
