@@ -33,6 +33,7 @@ import yaml
 from gossip.config import TrainConfig, load_yaml
 from gossip.crossover.jobs import Job, launch_jobs
 from gossip.errors import ConfigError, GossipError
+from gossip.experiment.spec import _known  # the same field check as experiment files
 from gossip.launch import LaunchFailed
 
 ARMS = {"sequential": "crossover", "naive": "slices", "crossover": "crossover", "fifo": "fifo"}
@@ -141,10 +142,3 @@ def _positive(value: Any, name: str, source: str, *, zero: bool = False) -> int:
                           f" integer, got {value!r}")
     return value
 
-
-def _known(data: Any, allowed, where: str) -> None:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping")
-    for key in data:
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown field {key!r}; fields: {', '.join(allowed)}")

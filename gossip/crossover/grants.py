@@ -4,6 +4,7 @@ t_request, t_grant, t_release, all times Unix), and the checks a log must pass."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections import defaultdict
@@ -11,7 +12,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gossip.crossover.rotation import Grant
+from gossip.crossover.rotation import Grant, Rotation
+
+log = logging.getLogger("gossip.crossover")
 
 
 class GrantLog:
@@ -32,6 +35,16 @@ class GrantLog:
                 os.write(fd, data)
             finally:
                 os.close(fd)
+
+
+    def expire(self, rotation: Rotation, now: float, max_hold_s: float) -> None:
+        """Revoke ``rotation``'s grant if held past ``max_hold_s``: a warning, a line."""
+        revoked = rotation.expire(now, max_hold_s)
+        if revoked is not None:
+            log.warning("device %s: revoked job %s rank %d's grant of round %d: %s",
+                        revoked.device, revoked.job, revoked.rank, revoked.round,
+                        revoked.revoked)
+            self.write(revoked)
 
 
 def read_grants(path: str | Path) -> list[dict[str, Any]]:

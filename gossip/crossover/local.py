@@ -3,7 +3,6 @@ devices through one ``LocalArbiter``."""
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
@@ -13,8 +12,6 @@ from gossip.crossover.base import DeviceLock
 from gossip.crossover.grants import GrantLog
 from gossip.crossover.rotation import Request, Rotation
 from gossip.errors import PeerTimeout
-
-log = logging.getLogger("gossip.crossover")
 
 
 class LocalArbiter:
@@ -52,12 +49,7 @@ class LocalArbiter:
             rotation.request(Request(lock.job, lock.rank, round, time.time()))
             while True:
                 now = time.time()
-                revoked = rotation.expire(now, self.max_hold_s)
-                if revoked is not None:
-                    log.warning("device %s: revoked job %s rank %d's grant of round %d: %s",
-                                revoked.device, revoked.job, revoked.rank, revoked.round,
-                                revoked.revoked)
-                    self.log.write(revoked)
+                self.log.expire(rotation, now, self.max_hold_s)
                 grant = rotation.next_grant(now)
                 if grant is not None:
                     self._cond.notify_all()

@@ -129,12 +129,7 @@ class ArbiterServer:
                 self.log.write(self._revoke(rotation, client.job, now, why))
                 del self.clients[identity]
         for rotation in self.rotations.values():
-            revoked = rotation.expire(now, self.max_hold_s)
-            if revoked is not None:
-                log.warning("arbiter: device %s: revoked job %s rank %d's grant of round %d: %s",
-                            revoked.device, revoked.job, revoked.rank, revoked.round,
-                            revoked.revoked)
-                self.log.write(revoked)
+            self.log.expire(rotation, now, self.max_hold_s)
             grant = rotation.next_grant(now)
             if grant is not None:
                 self._grant(grant)
