@@ -54,7 +54,7 @@ def _train_options(fn):
         click.option("--arbiter", metavar="ADDRESS",
                      help="Share each peer's device with other jobs through this arbiter: "
                           "ipc://PATH or tcp://HOST:PORT (`gossip arbiter`), flock:DIR, "
-                          "slices:DIR; `gossip launch --arbiter start` starts one."),
+                          "slices:DIR."),
         click.option("--device", metavar="NAME",
                      help="With --arbiter: the device, {rank} replaced by the rank "
                           "(default dev{rank})."),
@@ -140,12 +140,11 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
     from tqdm import tqdm
 
     from gossip import checkpoint
+    from gossip.crossover.connect import device_config
     from gossip.metrics import MetricsWriter, read_jsonl
     from gossip.peer import Peer
     from gossip.topology import Topology
     from gossip.training import train
-
-    from gossip.crossover.connect import device_config
 
     rank = _resolve_rank(rank)
     topology = Topology.from_yaml(topology_path)
@@ -233,12 +232,15 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
 
     With no arguments: the demo, 4 peers on a ring training the digits MLP with dpsgd.
     """
+    from gossip.crossover.connect import device_config
     from gossip.launch import LaunchFailed
     from gossip.netutil import free_ports
     from gossip.run import launch_run
     from gossip.topology import Topology
 
     config = _train_config(config_path, strategy_options, **flags)
+    shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
+                           job=flags["job"])
     if topology_path:
         topology = Topology.from_yaml(topology_path)
     else:
@@ -263,6 +265,7 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
 
     try:
         result = launch_run(config, topology, run_dir, rate=(rate or "1gbit") if netns else None,
+                            extra_config={"device": shared.to_dict()} if shared else None,
                             peer_args=peer_args, progress=config.strategy, on_ready=announce,
                             on_death=lambda death: click.echo(
                                 f"{death.describe()}; the others go on"))

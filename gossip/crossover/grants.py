@@ -67,8 +67,9 @@ def overlaps(grants: Iterable[Mapping[str, Any]]) -> list[tuple[dict, dict]]:
 
 
 def turn_breaks(grants: Iterable[Mapping[str, Any]], jobs: Iterable[str]) -> int:
-    """How often, on any device, a job of ``jobs`` got the device twice in a row while the
-    other jobs of ``jobs`` were still to come back (each one has a later grant there)."""
+    """How often, on any device, a job of ``jobs`` got the device twice in a row while they
+    all ran there: after each one's first grant, before any one's last (a job alone before
+    the others joined or after they left has the device to itself)."""
     jobs = set(jobs)
     by_device = defaultdict(list)
     for g in grants:
@@ -77,9 +78,10 @@ def turn_breaks(grants: Iterable[Mapping[str, Any]], jobs: Iterable[str]) -> int
     breaks = 0
     for device_grants in by_device.values():
         device_grants.sort(key=lambda g: g["t_grant"])
-        last_of = {g["job"]: i for i, g in enumerate(device_grants)}
-        for i, (a, b) in enumerate(zip(device_grants, device_grants[1:])):
-            others_later = all(last_of[j] > i + 1 for j in jobs - {a["job"]} if j in last_of)
-            if a["job"] == b["job"] and others_later and len(last_of) == len(jobs):
-                breaks += 1
+        order = [g["job"] for g in device_grants]
+        if set(order) != jobs:
+            continue
+        first = max(order.index(j) for j in jobs)
+        last = min(len(order) - 1 - order[::-1].index(j) for j in jobs)
+        breaks += sum(a == b for a, b in zip(order[first:last], order[first + 1:last + 1]))
     return breaks
