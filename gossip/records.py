@@ -8,10 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+_DEVICE_FIELDS = ("device_wait_s", "device_hold_s", "round_start_wall")
+
+
 @dataclass(frozen=True)
 class Record:
     """What one peer did in one round. The fields, in this order, are the keys of its JSONL
-    line; ``resumed_from`` and ``lost_work`` are written only when set.
+    line; ``resumed_from``, ``lost_work`` and the device fields are written only when
+    set.
 
     Attributes:
         round: The round.
@@ -37,6 +41,9 @@ class Record:
         resumed_from: On the first record after a restart: the checkpoint's round.
         lost_work: A round the killed process did but never recorded: its neighbours mixed
             its messages, but its loss, accuracy and timings died with it (None).
+        device_wait_s, device_hold_s, round_start_wall: Only with a shared device
+            (``gossip.crossover``): seconds the compute phase waited for the device and held
+            it, and the Unix time the round started.
     """
 
     round: int
@@ -57,6 +64,9 @@ class Record:
     lost_peers: Mapping[int, int] = field(default_factory=dict)
     resumed_from: int | None = None
     lost_work: bool = False
+    device_wait_s: float | None = None
+    device_hold_s: float | None = None
+    round_start_wall: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSONL line (``MetricsWriter.write`` turns NaN into null)."""
@@ -65,6 +75,9 @@ class Record:
             del line["resumed_from"]
         if not self.lost_work:
             del line["lost_work"]
+        for key in _DEVICE_FIELDS:
+            if line[key] is None:
+                del line[key]
         return line
 
     @classmethod

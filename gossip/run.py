@@ -73,7 +73,7 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
     cluster = VirtualCluster(topology.size, rate=rate) if rate is not None else None
     start = time.monotonic()
     with cluster or contextlib.nullcontext():  # the namespaces outlive every peer
-        placement = _place(config, topology, run_dir, cluster, extra_config)
+        placement = place_run(config, topology, run_dir, cluster, extra_config)
         if on_ready is not None:
             on_ready(placement)
         procs = launch.start_peers(
@@ -88,10 +88,11 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
     return RunResult(run_dir, placement.ranks, deaths, time.monotonic() - start)
 
 
-def _place(config: TrainConfig, topology: Topology, run_dir: Path,
-           cluster: VirtualCluster | None, extra: Mapping[str, Any] | None) -> Placement:
+def place_run(config: TrainConfig, topology: Topology, run_dir: Path,
+              cluster: VirtualCluster | None, extra: Mapping[str, Any] | None) -> Placement:
     """The ranks to start here and the run directory's topology.yaml and config.yaml (whose
-    ``train`` section `gossip peer --config` reads back)."""
+    ``train`` section `gossip peer --config` reads back); also for the jobs of a shared
+    launch (``gossip.crossover.jobs``)."""
     if cluster:
         topology = cluster.relocate(topology)
     ranks = list(range(topology.size)) if cluster else launch.local_ranks(topology)

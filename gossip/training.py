@@ -245,7 +245,8 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
           on_round: Callable[[dict[str, Any]], None] | None = None,
           on_minibatch: Callable[[int, int], None] | None = None,
           model: torch.nn.Module | None = None, checkpoint_path: str | Path | None = None,
-          resume: bool = False, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+          resume: bool = False, history: list[dict[str, Any]] | None = None,
+          make_trainer: Callable[..., Trainer] | None = None) -> dict[str, Any]:
     """Train the configured task on an open ``peer``; returns the last round's record as a
     dict (empty if no round was left to train).
 
@@ -276,8 +277,10 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
             counts go on from the last of them (else from the checkpoint's). A round before
             it that has no record (the process was killed after its messages of that round
             went out, before it recorded the round) gets a line with ``lost_work: true``.
+        make_trainer: Builds the trainer instead of ``Trainer`` (same arguments), e.g.
+            ``gossip.crossover.DeviceTrainer`` with its device.
     """
-    trainer = Trainer(peer, config, model=model, checkpoint_path=checkpoint_path,
+    trainer = (make_trainer or Trainer)(peer, config, model=model, checkpoint_path=checkpoint_path,
                       metrics=metrics, on_round=on_round, on_minibatch=on_minibatch)
     if resume:
         trainer.resume(history)

@@ -1,11 +1,13 @@
-"""Command line: `gossip peer | launch | simulate | experiment run | plot | topology show | keys | bench |
-strategies | compressors`.
+"""Command line: `gossip peer | launch | simulate | arbiter | crossover | experiment run | plot | topology show
+| keys | bench | strategies | compressors`.
 
 One module per command family; importing them registers their commands on ``main``.
 """
 
 from gossip.cli import (  # noqa: F401  (register commands)
+    arbiter,
     bench,
+    crossover,
     experiment,
     simulate,
     strategies,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import time
 from pathlib import Path
@@ -49,6 +51,16 @@ def _train_options(fn):
                      help="Sleep before every send: SECONDS for all ranks, or RANK:SECONDS, "
                           "repeatable."),
         click.option("--delay-seed", type=int, help="Seed of the straggler draws (default --seed)."),
+        click.option("--arbiter", metavar="ADDRESS",
+                     help="Share each peer's device with other jobs through this arbiter: "
+                          "ipc://PATH or tcp://HOST:PORT (`gossip arbiter`), flock:DIR, "
+                          "slices:DIR."),
+        click.option("--device", metavar="NAME",
+                     help="With --arbiter: the device, {rank} replaced by the rank "
+                          "(default dev{rank})."),
+        click.option("--job", metavar="NAME",
+                     help="With --arbiter: this job's name among those sharing the devices "
+                          "(turns go by name)."),
         click.option("--config", "config_path", type=click.Path(dir_okay=False),
                      help="YAML with training settings (a run directory's config.yaml)."),
     ]
@@ -59,7 +71,7 @@ def _train_options(fn):
 
 def _train_config(config_path, strategy_options, *, compute_delay=None, slowdown=(),
                   straggler_prob=None, straggler_mean=None, send_delay=(), delay_seed=None,
-                  **flags):
+                  arbiter=None, device=None, job=None, **flags):
     from gossip.config import TrainConfig
 
     base = TrainConfig.from_yaml(config_path).to_dict() if config_path else {}
@@ -128,6 +140,7 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
     from tqdm import tqdm
 
     from gossip import checkpoint
+    from gossip.crossover.connect import device_config
     from gossip.metrics import MetricsWriter, read_jsonl
     from gossip.peer import Peer
     from gossip.topology import Topology
@@ -136,6 +149,8 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
     rank = _resolve_rank(rank)
     topology = Topology.from_yaml(topology_path)
     config = _train_config(config_path, strategy_options, **flags)
+    shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
+                           job=flags["job"])
     config.delays.check_ranks(topology.size)
     metrics_path = Path(run_dir) / f"peer-{rank}.jsonl"
     checkpoint_path = checkpoint.path_for(checkpoint_dir or Path(run_dir) / "checkpoints", rank)
@@ -156,9 +171,10 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
               send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
               **config.options) as node, MetricsWriter(metrics_path) as metrics, \
-            tqdm(total=config.rounds, desc=f"peer {rank}", disable=quiet, unit="round") as bar:
+            tqdm(total=config.rounds, desc=f"peer {rank}", disable=quiet, unit="round") as bar, \
+            _device(shared, rank, node, config.timeout) as make_trainer:
         # To the record's round, not +1: a resumed peer starts where its checkpoint left off.
-        last = train(node, config, metrics=metrics,
+        last = train(node, config, metrics=metrics, make_trainer=make_trainer,
                      on_round=lambda record: bar.update(record["round"] + 1 - bar.n),
                      checkpoint_path=checkpoint_path if config.checkpoint_every or resume
                      else None, resume=resume, history=history)
@@ -166,6 +182,18 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
     click.echo(f"peer {rank}: loss {last['loss']:.4f} accuracy {last['accuracy']:.4f} "
                f"bytes_sent {last['bytes_sent']} bytes_recv {last['bytes_recv']} "
                f"time {last['time']:.1f}s metrics {metrics_path}{lost}{resumed}")
+
+
+@contextlib.contextmanager
+def _device(shared, rank: int, node, timeout: float):
+    """The trainer factory of a peer on a shared device (None: the plain ``Trainer``)."""
+    if shared is None:
+        yield None
+        return
+    from gossip.crossover.trainer import DeviceTrainer
+
+    with shared.open(rank, timeout=timeout, clock=node.clock) as lock:
+        yield functools.partial(DeviceTrainer, device=lock)
 
 
 def _resolve_rank(rank: int | None) -> int:
@@ -211,12 +239,15 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
 
     With no arguments: the demo, 4 peers on a ring training the digits MLP with dpsgd.
     """
+    from gossip.crossover.connect import device_config
     from gossip.launch import LaunchFailed
     from gossip.netutil import free_ports
     from gossip.run import launch_run
     from gossip.topology import Topology
 
     config = _train_config(config_path, strategy_options, **flags)
+    shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
+                           job=flags["job"])
     if topology_path:
         topology = Topology.from_yaml(topology_path)
     else:
@@ -241,6 +272,7 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
 
     try:
         result = launch_run(config, topology, run_dir, rate=(rate or "1gbit") if netns else None,
+                            extra_config={"device": shared.to_dict()} if shared else None,
                             peer_args=peer_args, progress=config.strategy, on_ready=announce,
                             on_death=lambda death: click.echo(
                                 f"{death.describe()}; the others go on"))

@@ -10,8 +10,9 @@ Usage::
 from gossip.tasks.base import TASKS, BatchStream, Split, Task, create_task, evaluate
 from gossip.tasks.partition import SCHEMES, partition
 
-# Imported for its registration side effect; it imports sklearn lazily.
+# Imported for their registration side effect; it imports sklearn lazily.
 from gossip.tasks import digits as _digits  # noqa: F401  isort: skip
+from gossip.tasks import wide as _wide  # noqa: F401  isort: skip
 
 __all__ = [
     "SCHEMES",

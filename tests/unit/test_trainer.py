@@ -15,7 +15,8 @@ from gossip.topology import Topology
 from gossip.training import Trainer, Work, train
 from gossip.transport import LoopbackHub
 
-SCHEMA = [f.name for f in dataclasses.fields(Record)][:-2]  # without the optional fields
+OPTIONAL = ("resumed_from", "lost_work", "device_wait_s", "device_hold_s", "round_start_wall")
+SCHEMA = [f.name for f in dataclasses.fields(Record) if f.name not in OPTIONAL]
 CONFIG = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 3, "batch_size": 16,
                                 "minibatches": 2, "eval_every": 2,
                                 "delays": {"compute": 0.25}})

@@ -1,0 +1,82 @@
+"""``ArbiterClient``: a ``DeviceLock`` granted by the arbiter process over ZeroMQ."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import zmq
+
+from gossip.clock import REAL_TIME, Clock
+from gossip.crossover import protocol
+from gossip.crossover.base import DeviceLock
+from gossip.errors import PeerTimeout, ProtocolError
+
+log = logging.getLogger("gossip.crossover")
+PING_S = 1.0  # while waiting: proves this client alive, asks who blocks the device
+
+
+class ArbiterClient(DeviceLock):
+    """One rank's handle on ``device`` at the arbiter listening on ``address``; it joins
+    the device's rotation now and leaves it on ``close``."""
+
+    def __init__(self, address: str, device: str, job: str, rank: int, *,
+                 timeout: float = 60.0, clock: Clock = REAL_TIME):
+        super().__init__(device, job, rank, timeout=timeout, clock=clock)
+        self.address = address
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_BYTES)
+        self._socket.connect(address)
+        self._blocking = "no answer from the arbiter"  # its last status
+        self._send("hello", pid=os.getpid(), host=socket.gethostname())
+
+    def acquire(self, round: int) -> None:
+        clock = self.clock
+        deadline = clock.monotonic() + self.timeout
+        self._send("acquire", round=round)
+        while True:
+            left = deadline - clock.monotonic()
+            if left <= 0:
+                self._ask_who_blocks()
+                raise PeerTimeout(f"device {self.device} (arbiter {self.address}): job "
+                                  f"{self.job} rank {self.rank} waited {self.timeout:g} s for "
+                                  f"round {round}; {self._blocking}")
+            if not self._socket.poll(min(left, PING_S) * 1000):
+                self._send("ping")
+                continue
+            try:
+                msg = protocol.decode(self._socket.recv(), protocol.SERVER_OPS)
+            except ProtocolError as exc:
+                log.warning("device %s: ignored a message from the arbiter: %s",
+                            self.device, exc)
+                continue
+            if msg["op"] == "status":
+                self._blocking = msg.get("why", self._blocking)
+            elif msg.get("round") == round:
+                return
+
+    def _ask_who_blocks(self, wait_s: float = 0.5) -> None:
+        """Update ``_blocking`` from the arbiter's answer to a ping (if one comes soon)."""
+        self._send("ping")
+        if self._socket.poll(wait_s * 1000):
+            try:
+                msg = protocol.decode(self._socket.recv(), protocol.SERVER_OPS)
+            except ProtocolError:
+                return
+            self._blocking = msg.get("why", self._blocking)
+
+    def release(self, round: int) -> None:
+        self._send("release", round=round)
+
+    def close(self) -> None:
+        if not self._socket.closed:
+            self._send("bye")
+            self._socket.close(linger=1000)  # the bye must get out
+            self._context.term()
+
+    def _send(self, op: str, **fields) -> None:
+        self._socket.send(protocol.encode(op, device=self.device, job=self.job, rank=self.rank,
+                                          **fields))

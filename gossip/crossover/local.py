@@ -1,0 +1,95 @@
+"""The in-process arbiter: jobs running as threads of one process (tests, notebooks) share
+devices through one ``LocalArbiter``."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from pathlib import Path
+
+from gossip.crossover.base import DeviceLock
+from gossip.crossover.grants import GrantLog
+from gossip.crossover.rotation import Request, Rotation
+from gossip.errors import PeerTimeout
+
+
+class LocalArbiter:
+    """Every device's rotation, behind one condition variable. Real time only: waits are
+    condition waits.
+
+    Args:
+        patience_s: See ``Rotation`` (inf: strict alternation, 0: first come first served).
+        max_hold_s: A grant held longer is revoked (logged) and its job leaves the rotation.
+        grant_log: The JSONL file of grants (None: none).
+    """
+
+    def __init__(self, *, patience_s: float = math.inf, max_hold_s: float = math.inf,
+                 grant_log: str | Path | None = None):
+        self.patience_s, self.max_hold_s = patience_s, max_hold_s
+        self.log = GrantLog(grant_log)
+        self._cond = threading.Condition()
+        self._rotations: dict[str, Rotation] = {}
+
+    def lock(self, device: str, job: str, rank: int, *, timeout: float = 60.0) -> LocalDevice:
+        """A rank's handle on ``device``; the job joins its rotation now."""
+        with self._cond:
+            self._rotation(device).join(str(job))
+        return LocalDevice(self, device, job, rank, timeout=timeout)
+
+    def _rotation(self, device: str) -> Rotation:
+        if device not in self._rotations:
+            self._rotations[device] = Rotation(device, patience_s=self.patience_s)
+        return self._rotations[device]
+
+    def _acquire(self, lock: LocalDevice, round: int) -> None:
+        deadline = time.monotonic() + lock.timeout
+        with self._cond:
+            rotation = self._rotation(lock.device)
+            rotation.request(Request(lock.job, lock.rank, round, time.time()))
+            while True:
+                now = time.time()
+                self.log.expire(rotation, now, self.max_hold_s)
+                grant = rotation.next_grant(now)
+                if grant is not None:
+                    self._cond.notify_all()
+                    if grant.job == lock.job:
+                        return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    rotation.waiting.pop(lock.job, None)
+                    raise PeerTimeout(f"device {lock.device}: job {lock.job} rank {lock.rank} "
+                                      f"waited {lock.timeout:g} s for round {round}; "
+                                      f"{rotation.blocking()}")
+                wake = min(rotation.wake_at() - now, left)
+                if rotation.holder is not None:
+                    wake = min(wake, rotation.holder.t_grant + self.max_hold_s - now)
+                self._cond.wait(max(wake, 0.001))
+
+    def _release(self, lock: LocalDevice) -> None:
+        with self._cond:
+            self.log.write(self._rotation(lock.device).release(lock.job, time.time()))
+            self._cond.notify_all()
+
+    def _leave(self, lock: LocalDevice) -> None:
+        with self._cond:
+            self.log.write(self._rotation(lock.device).leave(lock.job, time.time()))
+            self._cond.notify_all()
+
+
+class LocalDevice(DeviceLock):
+    """A handle from ``LocalArbiter.lock``."""
+
+    def __init__(self, arbiter: LocalArbiter, device: str, job: str, rank: int, *,
+                 timeout: float = 60.0):
+        super().__init__(device, job, rank, timeout=timeout)
+        self.arbiter = arbiter
+
+    def acquire(self, round: int) -> None:
+        self.arbiter._acquire(self, round)
+
+    def release(self, round: int) -> None:
+        self.arbiter._release(self)
+
+    def close(self) -> None:
+        self.arbiter._leave(self)

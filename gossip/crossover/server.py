@@ -1,0 +1,179 @@
+"""The arbiter process: one per machine, every device of it, clients over ZeroMQ (a ROUTER
+socket; each client a DEALER: one rank of one job on one device). `gossip arbiter` runs it;
+the run launcher starts one for jobs that share devices."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from gossip.crossover import protocol
+from gossip.crossover.grants import GrantLog
+from gossip.crossover.rotation import Grant, Request, Rotation
+from gossip.errors import ProtocolError
+
+log = logging.getLogger("gossip.crossover")
+TICK_S = 0.05  # how often leases and client processes are checked without any message
+
+
+@dataclass
+class Client:
+    device: str
+    job: str
+    rank: int
+    pid: int | None
+    last_seen: float
+
+
+class ArbiterServer:
+    """Grants each device's compute phase by its ``Rotation``.
+
+    Args:
+        address: Where to bind (``ipc://PATH`` reaches every network namespace of the
+            machine; ``tcp://HOST:PORT``).
+        patience_s: See ``Rotation``.
+        max_hold_s: A grant held longer is revoked and its job leaves the rotation.
+        dead_after: A client silent this long while the device waits for it (its turn,
+            others asking) is dropped; a client whose process is gone (same machine) at once.
+        grant_log: The JSONL file of grants.
+    """
+
+    def __init__(self, address: str, *, patience_s: float = math.inf,
+                 max_hold_s: float = math.inf, dead_after: float = 60.0,
+                 grant_log: str | Path | None = None):
+        self.patience_s, self.max_hold_s, self.dead_after = patience_s, max_hold_s, dead_after
+        self.log = GrantLog(grant_log)
+        self.rotations: dict[str, Rotation] = {}
+        self.clients: dict[bytes, Client] = {}
+        self.rejected = 0
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_BYTES)
+        try:
+            self._socket.bind(address)
+        except zmq.ZMQError:
+            self.close()
+            raise
+        self.address = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def serve(self, stop: threading.Event) -> None:
+        """Answer clients until ``stop`` is set."""
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        while not stop.is_set():
+            if poller.poll(TICK_S * 1000):
+                while self._socket.poll(0):
+                    self._handle(self._socket.recv_multipart(copy=True))
+            self._tick()
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+        self._context.term()
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _handle(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        try:
+            if len(frames) != 2:
+                raise ProtocolError(f"{len(frames) - 1} frames (expected 1)")
+            msg = protocol.decode(frames[1], protocol.CLIENT_OPS)
+            self._apply(identity, msg)
+        except ProtocolError as exc:
+            self.rejected += 1
+            log.warning("arbiter: rejected a message: %s", exc)
+
+    def _apply(self, identity: bytes, msg: dict) -> None:
+        now, op = time.time(), msg["op"]
+        if op == "hello":
+            protocol.require(msg, "device", "job", "rank")
+            here = msg.get("host") == socket.gethostname()  # else its pid means nothing
+            self.clients[identity] = Client(msg["device"], msg["job"], msg["rank"],
+                                            msg.get("pid") if here else None, now)
+            self._rotation(msg["device"]).join(msg["job"])
+            return
+        client = self.clients.get(identity)
+        if client is None:
+            raise ProtocolError(f"{op} before hello")
+        client.last_seen = now
+        rotation = self._rotation(client.device)
+        if op == "acquire":
+            protocol.require(msg, "round")
+            rotation.request(Request(client.job, client.rank, msg["round"], now))
+        elif op == "release":
+            self.log.write(rotation.release(client.job, now))
+        elif op == "ping":
+            self._send(identity, "status", why=rotation.blocking())
+        elif op == "bye":
+            self.log.write(rotation.leave(client.job, now))
+            del self.clients[identity]
+
+    # -- time ------------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        now = time.time()
+        for identity, client in list(self.clients.items()):
+            rotation = self._rotation(client.device)
+            why = self._why_dead(client, rotation, now)
+            if why:
+                log.warning("arbiter: device %s: job %s rank %d %s; it leaves the rotation",
+                            client.device, client.job, client.rank, why)
+                self.log.write(self._revoke(rotation, client.job, now, why))
+                del self.clients[identity]
+        for rotation in self.rotations.values():
+            self.log.expire(rotation, now, self.max_hold_s)
+            grant = rotation.next_grant(now)
+            if grant is not None:
+                self._grant(grant)
+
+    def _why_dead(self, client: Client, rotation: Rotation, now: float) -> str | None:
+        if client.pid is not None and not _alive(client.pid):
+            return f"process {client.pid} is gone"
+        waited_for = (rotation.holder is None and rotation.turn == client.job
+                      and rotation.waiting and client.job not in rotation.waiting)
+        if waited_for and now - client.last_seen > self.dead_after:
+            return f"silent for {now - client.last_seen:.1f} s while the device waited for it"
+        return None
+
+    @staticmethod
+    def _revoke(rotation: Rotation, job: str, now: float, why: str) -> Grant | None:
+        revoked = rotation.release(job, now, revoked=why)
+        rotation.leave(job, now)
+        return revoked
+
+    def _grant(self, grant: Grant) -> None:
+        for identity, client in self.clients.items():
+            if client.device == grant.device and client.job == grant.job:
+                self._send(identity, "grant", round=grant.round)
+                return
+
+    def _send(self, identity: bytes, op: str, **fields) -> None:
+        try:
+            self._socket.send_multipart([identity, protocol.encode(op, **fields)],
+                                        flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # the client went away: its process check drops it
+            log.info("arbiter: could not answer a client: %s", exc)
+
+    def _rotation(self, device: str) -> Rotation:
+        if device not in self.rotations:
+            self.rotations[device] = Rotation(device, patience_s=self.patience_s)
+        return self.rotations[device]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        return True

@@ -1,0 +1,103 @@
+"""The crossover schedule and the in-process arbiter: jobs as threads whose rounds are a
+compute phase (slept under the device lock) and a communication phase (slept outside)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from gossip.crossover import LocalArbiter
+from gossip.crossover.grants import overlaps, read_grants, turn_breaks
+from gossip.crossover.rotation import Request, Rotation
+from gossip.errors import PeerTimeout
+
+C, M = 0.03, 0.03
+
+
+def fake_jobs(arbiter, rounds: dict[str, int], *, devices=("d0", "d1"), compute=C, comm=M):
+    """Each job runs one rank per device; returns every rank's round end times."""
+    ends: dict[tuple[str, str], list[float]] = {}
+    errors = []
+
+    def rank_main(job, rank, device):
+        try:
+            with arbiter.lock(device, job, rank, timeout=10) as lock:
+                times = ends.setdefault((job, device), [])
+                for rnd in range(rounds[job]):
+                    with lock.compute(rnd):
+                        lock.sleep(compute)
+                    time.sleep(comm)
+                    times.append(time.monotonic())
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank_main, args=(job, rank, device))
+               for job in rounds for rank, device in enumerate(devices)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    return ends
+
+
+def test_grants_never_overlap_and_alternate(tmp_path):
+    arbiter = LocalArbiter(grant_log=tmp_path / "grants.jsonl")
+    fake_jobs(arbiter, {"a": 6, "b": 6})
+    grants = read_grants(tmp_path / "grants.jsonl")
+    assert len(grants) == 24
+    assert overlaps(grants) == []
+    assert turn_breaks(grants, ["a", "b"]) == 0
+    for device in ("d0", "d1"):
+        order = [g["job"] for g in sorted(grants, key=lambda g: g["t_grant"])
+                 if g["device"] == device]
+        assert order == ["a", "b"] * 6  # the lowest job first, on every device
+
+
+def test_a_finished_job_frees_the_rotation(tmp_path):
+    arbiter = LocalArbiter(grant_log=tmp_path / "grants.jsonl")
+    ends = fake_jobs(arbiter, {"a": 2, "b": 10})
+    alone = [b - a for a, b in zip(ends["b", "d0"][5:], ends["b", "d0"][6:])]
+    # Alone, a round is its own compute + communication: C + M, not 2 max(C, M) or C + 2M.
+    assert sorted(alone)[len(alone) // 2] < C + M + 0.5 * C
+    assert overlaps(read_grants(tmp_path / "grants.jsonl")) == []
+
+
+def test_timeout_names_the_device_and_the_holder():
+    arbiter = LocalArbiter()
+    with arbiter.lock("gpu0", "a", 3) as a, arbiter.lock("gpu0", "b", 1, timeout=0.05) as b:
+        with a.compute(7):
+            with pytest.raises(PeerTimeout, match="device gpu0: job b rank 1 .* held by job a "
+                                                  r"rank 3 \(round 7\)"):
+                with b.compute(0):
+                    pass
+
+
+def test_a_grant_held_too_long_is_revoked(tmp_path, caplog):
+    arbiter = LocalArbiter(max_hold_s=0.05, grant_log=tmp_path / "grants.jsonl")
+    with arbiter.lock("gpu0", "a", 0) as a, arbiter.lock("gpu0", "b", 0, timeout=2) as b:
+        with a.compute(0):
+            with b.compute(0) as hold:  # a never releases in time: b gets it
+                pass
+    assert hold.wait_s >= 0.05
+    assert "revoked job a rank 0's grant of round 0" in caplog.text
+    assert [g.get("revoked") is not None for g in read_grants(tmp_path / "grants.jsonl")] \
+        == [True, False]
+
+
+def test_patience_zero_is_first_come_first_served():
+    rotation = Rotation("d", patience_s=0)
+    rotation.join("a")
+    rotation.request(Request("b", 0, 0, t_request=1.0))
+    assert rotation.next_grant(1.0).job == "b"  # a's turn, but a is not asking
+    strict = Rotation("d", patience_s=math.inf)
+    strict.join("a")
+    strict.request(Request("b", 0, 0, t_request=1.0))
+    assert strict.next_grant(1.0) is None and strict.wake_at() == math.inf
+    patient = Rotation("d", patience_s=0.5)
+    patient.join("a")
+    patient.request(Request("b", 0, 0, t_request=1.0))
+    assert patient.next_grant(0.2) is None and patient.next_grant(0.6).job == "b"
