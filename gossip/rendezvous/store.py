@@ -47,10 +47,12 @@ class Rendezvous:
 
     def __init__(self, uri: str, *, host: str | None, port: int | None, path: str | None,
                  rank: int | None, size: int | None, incarnation: launchers.Incarnation,
-                 advertise: str | None, timeout: float, agent_store: bool):
+                 advertise: str | None, timeout: float, environ: Mapping[str, str]):
         self.uri, self.host, self.port, self.path = uri, host, port, path
         self.rank, self.size, self.incarnation = rank, size, incarnation
-        self.advertise, self.timeout, self.agent_store = advertise, timeout, agent_store
+        self.advertise, self.timeout, self.environ = advertise, timeout, environ
+        # Under torchrun its agent serves the store; else rank 0 does (tcp, env, slurm).
+        self.agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
         self._store = None
         self._serving = False
 
@@ -90,22 +92,17 @@ class Rendezvous:
                                   f"(file:///shared/dir/store)")
         return cls(uri, host=host, port=port, path=path, rank=rank, size=size,
                    incarnation=launchers.Incarnation.from_env(environ), advertise=advertise,
-                   timeout=timeout,
-                   agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True))
+                   timeout=timeout, environ=environ)
 
-    def rank_of(self, flag: int | None, environ: Mapping[str, str] | None = None) -> int:
+    def rank_of(self, flag: int | None = None) -> int:
         """This peer's rank: ``--rank``, else the URI's, else the launcher's variable."""
         if flag is not None:
             return flag
-        if self.rank is not None:
-            return self.rank
-        return launchers.require_rank(os.environ if environ is None else environ)
+        return self.rank if self.rank is not None else launchers.require_rank(self.environ)
 
-    def size_of(self, environ: Mapping[str, str] | None = None) -> int:
+    def size_of(self) -> int:
         """How many peers meet: the URI's ``world_size``, else the launcher's variable."""
-        if self.size is not None:
-            return self.size
-        return launchers.require_size(os.environ if environ is None else environ)
+        return self.size if self.size is not None else launchers.require_size(self.environ)
 
     # -- where this peer listens --------------------------------------------------------
 
@@ -131,9 +128,15 @@ class Rendezvous:
 
             where = f"file://{self.path}" if self.path else f"tcp://{self.host}:{self.port}"
             self._serving = self.path is None and not self.agent_store and rank == 0
-            try:
-                self._store, _, _ = next(dist.rendezvous(
-                    where, rank=rank, world_size=size, timeout=timedelta(seconds=self.timeout)))
+            timeout = timedelta(seconds=self.timeout)
+            try:  # as torch.distributed.rendezvous would, with our environment's say
+                if self.path:
+                    self._store = dist.FileStore(self.path, size)
+                    self._store.set_timeout(timeout)
+                else:
+                    self._store = dist.TCPStore(self.host, self.port, size, self._serving,
+                                                timeout, wait_for_workers=False,
+                                                multi_tenant=True)
             except Exception as exc:  # noqa: BLE001 - c10d raises RuntimeError, DistError...
                 raise RendezvousError(self._store_failure(where, exc)) from None
         return self._store
