@@ -171,8 +171,10 @@ class Peer:
                 restarting peers' checkpoints differ, or the others did not answer in time.
         """
         with self.communicating():
+            moved = self.transport.endpoints[self.rank] if self.rendezvous else None
             self.round = self.transport.membership.rejoin(
-                checkpoint_round, self.strategy.rejoin_round, timeout=self.timeout)
+                checkpoint_round, self.strategy.rejoin_round, timeout=self.timeout,
+                endpoint=moved)
         return self.round
 
     @property

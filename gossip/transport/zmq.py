@@ -153,6 +153,8 @@ class ZmqTransport(Transport):
             self._links.forget(rank)
             self._push.pop(rank).close(linger=0)
 
+    _moved = repoint  # a rejoining peer's join says where it listens now
+
     def connect(self, ranks) -> None:
         for dst in ranks:
             if dst != self.rank:

@@ -99,3 +99,39 @@ def test_gossip_peers_under_a_fake_srun_train_and_rank_0_writes_the_topology(tmp
     assert resumed.size == size
     for rank in range(size):
         assert [r["round"] for r in read_jsonl(tmp_path / f"peer-{rank}.jsonl")] == [0, 1]
+
+
+def test_a_peer_restarted_at_a_new_address_is_reached_there():
+    """Rank 1 comes back on another (ephemeral) port; its join carries the new endpoint, so
+    rank 0 re-points its socket: the welcome and the next messages go there, not to the
+    dead process's address."""
+    from gossip.rendezvous.meet import UNKNOWN
+    from gossip.transport import Message, ZmqTransport
+    from support.waiting import read_until
+
+    def transport(rank):
+        ends = [UNKNOWN, UNKNOWN]
+        ends[rank] = "tcp://127.0.0.1:*"
+        opened = ZmqTransport(rank, ends, timeout=5.0).open()
+        opened.accept_kinds(["gossip"])
+        return opened
+
+    t0, t1 = transport(0), transport(1)
+    try:
+        t0.locate([UNKNOWN, t1.endpoints[1]], set())
+        t1.locate([t0.endpoints[0], UNKNOWN], set())
+        t0.send(1, Message("gossip", 0, buffers=(torch.ones(3),)))
+        assert t1.recv(src=0, kind="gossip", round=0).buffers[0].tolist() == [1.0] * 3
+        old = t1.endpoints[1]
+        t1.close()
+        t1 = transport(1)
+        assert t1.endpoints[1] != old
+        t1.locate([t0.endpoints[0], UNKNOWN], set())
+        t1.send(0, Message("ctl.join", 0, meta={"round": 0, "endpoint": t1.endpoints[1]}))
+        read_until(t0, lambda: t0.endpoints[1] == t1.endpoints[1], "rank 0 to read the join")
+        read_until(t1, lambda: 0 in t1.membership._welcomes, "the welcome at the new address")
+        t0.send(1, Message("gossip", 1, buffers=(torch.full((3,), 2.0),)))
+        assert t1.recv(src=0, kind="gossip", round=1).buffers[0].tolist() == [2.0] * 3
+    finally:
+        t0.close()
+        t1.close()
