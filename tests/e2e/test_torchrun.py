@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS, ROUNDS, EVERY, VICTIM = 4, 8, 2, 2
-TRAIN = ["--rounds", str(ROUNDS), "--checkpoint-every", str(EVERY), "--quiet",
-         "--timeout", "120", "--dead-after", "30"]
+TRAIN = ["--rounds", str(ROUNDS), "--checkpoint-every", str(EVERY), "--timeout", "120",
+         "--dead-after", "30"]
 # What the model computes; bytes are compared at the end (a round's count depends on when
 # the next round's messages arrive).
 MODEL_FIELDS = ("round", "loss", "accuracy", "consensus", "avg_accuracy")
@@ -36,7 +36,7 @@ def _torchrun(run_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
          str(PEERS), *extra, "-m", "gossip", "peer", "--rendezvous", "env://", "--topology",
-         str(run_dir.parent / "exponential.yaml"), "--run-dir", str(run_dir), *TRAIN],
+         str(run_dir.parent / "exponential.yaml"), "--run-dir", str(run_dir), "--quiet", *TRAIN],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
 
