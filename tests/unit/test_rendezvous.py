@@ -175,3 +175,37 @@ def test_a_restarted_job_resumes_at_the_newest_round_every_peer_has(
         assert results == [agreed] * 3
     else:
         assert all(isinstance(r, str) and re.search(message, r) for r in results), results
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--rendezvous", "mpi://x"], {}, "error: --rendezvous 'mpi://x': unknown scheme"),
+    (["--rendezvous", "env://"], {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+     "error: no rank: pass --rank or set one of $RANK, $SLURM_PROCID, "
+     "$OMPI_COMM_WORLD_RANK, $PMI_RANK"),
+    (["--rendezvous", "env://", "--rank", "0"], {"MASTER_ADDR": "127.0.0.1",
+                                                 "MASTER_PORT": "1"},
+     "error: no number of peers: give world_size= in the rendezvous URI or set one of "
+     "$WORLD_SIZE, $SLURM_NTASKS, $OMPI_COMM_WORLD_SIZE, $PMI_SIZE"),
+    (["--rendezvous", "tcp://127.0.0.1:1?world_size=3"], {"PMI_RANK": "1"},
+     "error: rendezvous tcp://127.0.0.1:1?world_size=3: store tcp://127.0.0.1:1 not "
+     "reachable within 1 s"),
+    (["--advertise", "10.0.0.1", "--rank", "0"], {}, "error: --advertise: only with "
+                                                     "--rendezvous"),
+])
+def test_gossip_peer_fails_in_one_line_naming_the_culprit(args, env, message, tmp_path,
+                                                          monkeypatch):
+    from click.testing import CliRunner
+
+    from gossip.cli import main
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "ring.yaml").write_text("graph: {kind: ring}\n")
+    result = CliRunner().invoke(main, ["peer", "--topology", str(tmp_path / "ring.yaml"),
+                                       "--run-dir", str(tmp_path), "--timeout", "1", *args],
+                                env=env)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith(message), lines[0]
