@@ -10,7 +10,6 @@ import yaml
 
 from gossip.cli.common import fail_cleanly, main
 from gossip.errors import ConfigError, GossipError
-
 from gossip.rendezvous.launchers import RANK_ENV
 
 

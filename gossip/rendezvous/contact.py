@@ -64,10 +64,13 @@ def this_machine() -> tuple[str, str, str]:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:  # not Linux: the host name alone
         boot = "unknown"
-    try:
-        netns = str(os.stat("/proc/self/ns/net").st_ino)
-    except OSError:
-        netns = "unknown"
+    netns = "unknown"
+    for path in ("/proc/thread-self/ns/net", "/proc/self/ns/net"):  # a thread may have its own
+        try:
+            netns = str(os.stat(path).st_ino)
+            break
+        except OSError:
+            continue
     return socket.gethostname(), boot, netns
 
 

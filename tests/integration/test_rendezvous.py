@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +136,39 @@ def test_a_peer_restarted_at_a_new_address_is_reached_there():
     finally:
         t0.close()
         t1.close()
+
+
+@pytest.mark.slow
+def test_peers_in_namespaces_advertise_their_own_ip_and_talk_over_the_links(tmp_path):
+    """Two peers in the netns virtual cluster (one machine, one host name and boot id, but
+    their own network stacks) meet at rank 0's store: each advertises its namespace's IP
+    (the source address towards the store) and, not being on one machine by the
+    namespace, they talk over TCP: every byte crosses the capped links."""
+    from gossip import launch as launcher
+    from gossip.cluster import VirtualCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"netns virtual cluster unavailable: {reason}")
+    (tmp_path / "line.yaml").write_text("edges: [[0, 1]]\n")
+    with VirtualCluster(2, rate="1gbit") as cluster:
+        procs = launcher.start_peers([0, 1], tmp_path, [
+            "--rendezvous", f"tcp://{cluster.host(0)}:29500?world_size=2", "--topology",
+            str(tmp_path / "line.yaml"), "--rounds", "2", "--timeout", "120"],
+            wrap=cluster.command)
+        deadline = time.monotonic() + 300
+
+        def on_progress(_done: int) -> None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("peers still running after 300 s")
+
+        try:
+            launcher.watch(procs, on_progress)
+        finally:
+            launcher.stop(procs)
+        met = Topology.from_yaml(tmp_path / "topology.yaml")
+        assert [p.host for p in met.peers] == [cluster.host(0), cluster.host(1)]
+        for rank in range(2):
+            last = read_jsonl(tmp_path / f"peer-{rank}.jsonl")[-1]
+            assert last["round"] == 1 and last["bytes_sent"] > 0
+            assert cluster.link_bytes(rank)["sent"] > last["bytes_sent"]
