@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -132,6 +133,8 @@ def _rank_values(flag: str, items) -> dict[int, float]:
 def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_file,
          checkpoint_dir, resume, config_path, strategy_options, **flags):
     """Run one peer of a cluster (the same topology file on every machine)."""
+    if rendezvous_uri != "static":  # before torch loads: c10d's retry logs (stack traces
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # included) bury our one line
     from tqdm import tqdm
 
     from gossip import checkpoint
