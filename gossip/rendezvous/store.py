@@ -1,9 +1,10 @@
 """``Rendezvous``: where the peers meet (a launcher's key-value store) and the one exchange
 they make there, "publish mine, read everyone's".
 
-The store is torch.distributed's: ``torch.distributed.rendezvous`` opens the TCPStore that
-torchrun's agent already serves (``TORCHELASTIC_USE_AGENT_STORE``), or one served by rank 0,
-or a FileStore on a shared file system. It needs no process group. URIs:
+The store is torch.distributed's, opened as ``torch.distributed.rendezvous`` would open it
+(but from the environment the Rendezvous was parsed with): the TCPStore torchrun's agent
+already serves (``TORCHELASTIC_USE_AGENT_STORE``), or one rank 0 serves, or a FileStore on a
+shared file system. It needs no process group. URIs:
 
 * ``env://``: MASTER_ADDR and MASTER_PORT (torchrun, Kubeflow PyTorchJob).
 * ``slurm://[HOST[:PORT]]``: the first node of the job step's node list, port derived from
