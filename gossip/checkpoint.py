@@ -3,7 +3,9 @@
 ``save`` writes a temporary file in the target's directory, flushes and fsyncs it, then
 renames it over the target (``os.replace`` is atomic within a file system) and fsyncs the
 directory, so the rename itself survives a power loss. A crash at any point leaves either
-the previous checkpoint or the new one, never a torn file. ``load`` reads with
+the previous checkpoint or the new one, never a torn file. The one it replaces stays as
+the previous generation (``peer-R.prev.pt``): peers of a job restarted together may have
+died a round apart, and resume at the newest round every peer has. ``load`` reads with
 ``weights_only`` (tensors and plain containers only: a checkpoint cannot run code) and turns
 every failure into one CheckpointError line naming the file.
 """
@@ -32,8 +34,15 @@ def path_for(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"peer-{rank}.pt"
 
 
+def previous(path: str | Path) -> Path:
+    """Where the generation before the one at ``path`` is kept."""
+    path = Path(path)
+    return path.with_name(path.name.removesuffix(".pt") + ".prev.pt")
+
+
 def save(path: str | Path, state: Mapping[str, Any]) -> None:
-    """Write ``state`` (tensors and plain containers) to ``path`` atomically."""
+    """Write ``state`` (tensors and plain containers) to ``path`` atomically, keeping the
+    checkpoint it replaces as ``previous(path)``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -42,6 +51,10 @@ def save(path: str | Path, state: Mapping[str, Any]) -> None:
             torch.save({"format": FORMAT, **state}, f)
             f.flush()
             os.fsync(f.fileno())
+        if path.exists():  # a second name first, then the move: each step atomic
+            link = f"{tmp}.prev"
+            os.link(path, link)
+            os.replace(link, previous(path))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -81,6 +94,20 @@ def load(path: str | Path, **expect: Any) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint {path} is for {key} {state.get(key)!r}, this "
                                   f"peer has {key} {want!r}")
     return state
+
+
+def generations(path: str | Path, **expect: Any) -> dict[int, Path]:
+    """The checkpoints kept at ``path`` and ``previous(path)`` by their round (none if
+    neither exists); ``expect`` as for ``load``.
+
+    Raises:
+        CheckpointError: one exists but is corrupt or another peer's/run's.
+    """
+    found = {}
+    for candidate in (previous(path), Path(path)):
+        if candidate.exists():
+            found[int(load(candidate, **expect)["round"])] = candidate
+    return found
 
 
 def _fsync_directory(directory: Path) -> None:

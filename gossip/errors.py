@@ -44,5 +44,10 @@ class RejoinError(TransportError):
     """A peer restarted from a checkpoint could not rejoin the running peers."""
 
 
+class RendezvousError(GossipError):
+    """Peers could not meet through a launcher's store (unreachable, too slow, a peer missing);
+    the message names the store and the peers missing."""
+
+
 class ProtocolError(GossipError):
     """A message broke the wire protocol (bad header, dtype, shape, size)."""

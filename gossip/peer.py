@@ -11,6 +11,8 @@ from torch.nn.utils import parameters_to_vector
 from gossip import keys
 from gossip.errors import ConfigError
 from gossip.model_vector import ModelVector, reset_optimizer_state
+from gossip.rendezvous import Rendezvous
+from gossip.rendezvous.meet import meet, transport_args
 from gossip.strategies import DEFAULT, STRATEGIES, Strategy
 from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
 from gossip.transport import Transport, ZmqTransport
@@ -47,6 +49,11 @@ class Peer:
         comm_threads: torch intra-op threads of a round's communication and math (default:
             this machine's cores divided by the topology's peers on it, at least 1; see
             gossip/threads.py for why more threads than cores stall every peer).
+        rendezvous: Meet the other peers through a cluster launcher's store instead of at
+            the topology's addresses: a URI (``env://``, ``slurm://``, ``tcp://HOST:PORT``,
+            ``file:///PATH``) or a ``gossip.rendezvous.Rendezvous``. This peer binds an
+            ephemeral port and publishes it; ``topology`` then needs the right size and
+            graph only (its addresses become the peers' on entering).
         **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce; ``compressor``
             may be a compressor's name (with its options, e.g. ``density``) or a Compressor.
 
@@ -59,7 +66,7 @@ class Peer:
                  transport: Transport | None = None, local_ipc: bool = True,
                  key_file: str | Path | None = None, dead_after: float = DEAD_AFTER_S,
                  keep_for_rejoin: bool = False, send_delay: float = 0.0,
-                 comm_threads: int | None = None, **options: Any):
+                 comm_threads: int | None = None, rendezvous=None, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
         self._build = STRATEGIES.resolve(strategy, options)  # options checked now
@@ -81,13 +88,19 @@ class Peer:
         self.send_delay = send_delay
         self.comm_threads = comm_threads or communication_threads(
             peers_on_this_machine(topology, rank))
+        self._threads_given = comm_threads is not None
+        if isinstance(rendezvous, str):
+            rendezvous = Rendezvous.parse(rendezvous, timeout=timeout)
+        self.rendezvous = rendezvous
         # Read now, so a bad key fails before anything binds.
         self.keys = keys.for_rank(topology, rank, key_file) if transport is None else None
         self.strategy: Strategy | None = None
         self.round = 0  # next round used by step()
 
     def __enter__(self) -> Peer:
-        if self.transport is None:
+        if self.transport is None and self.rendezvous is not None:
+            self._meet()
+        elif self.transport is None:
             endpoints = [self.topology.address(r) for r in range(self.topology.size)]
             self.transport = ZmqTransport(self.rank, endpoints, timeout=self.timeout,
                                           local_ipc=self.local_ipc, keys=self.keys,
@@ -103,7 +116,25 @@ class Peer:
             raise
         return self
 
+    def _meet(self) -> None:
+        """Bind an ephemeral port, publish it through the rendezvous, learn the others'."""
+        transport = ZmqTransport(self.rank, timeout=self.timeout, local_ipc=self.local_ipc,
+                                 keys=self.keys, dead_after=self.dead_after,
+                                 **transport_args(self.rendezvous, self.rank, self.topology.size))
+        self.topology = meet(self.rendezvous, self.rank, self.topology, transport)
+        self.transport = transport
+        if not self._threads_given:  # now that we know who shares this machine
+            self.comm_threads = communication_threads(
+                peers_on_this_machine(self.topology, self.rank))
+
     def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._close(exc_type)
+        finally:
+            if self.rendezvous is not None:
+                self.rendezvous.close(self.rank, self.topology.size, wait=exc_type is None)
+
+    def _close(self, exc_type) -> None:
         if exc_type is None:
             with self.communicating():  # messages still arriving are decoded and checked
                 try:
@@ -156,8 +187,10 @@ class Peer:
                 restarting peers' checkpoints differ, or the others did not answer in time.
         """
         with self.communicating():
+            moved = self.transport.endpoints[self.rank] if self.rendezvous else None
             self.round = self.transport.membership.rejoin(
-                checkpoint_round, self.strategy.rejoin_round, timeout=self.timeout)
+                checkpoint_round, self.strategy.rejoin_round, timeout=self.timeout,
+                endpoint=moved)
         return self.round
 
     @property

@@ -91,14 +91,16 @@ class Trainer:
 
     # -- the run ---------------------------------------------------------------------------
 
-    def resume(self, history: list[Mapping[str, Any]] | None = None) -> None:
+    def resume(self, history: list[Mapping[str, Any]] | None = None, *,
+               round: int | None = None) -> None:
         """Start from the checkpoint instead and rejoin the running peers (``Peer.rejoin``)
         at the round they agree on. With ``history`` (the records the killed process wrote)
         the lines of the rounds before that one are written again first (``lines_before``),
-        and the byte counts go on from the last of them (else from the checkpoint's)."""
+        and the byte counts go on from the last of them (else from the checkpoint's).
+        ``round``: the generation of that round (checkpoint.generations), not the newest."""
         if self.checkpoint_path is None:
             raise CheckpointError("resume needs a checkpoint file (--checkpoint-dir)")
-        self.resumed_from, self.drawn, self.bytes_counted = self._restore()
+        self.resumed_from, self.drawn, self.bytes_counted = self._restore(round)
         for _ in range(self.drawn):  # the data stream is a pure function of (seed, draws)
             self.batches.next()
         self.first_round = self.peer.rejoin(self.resumed_from)
@@ -220,12 +222,19 @@ class Trainer:
         self.drawn += 1
         return delay
 
-    def _restore(self) -> tuple[int, int, tuple[int, int]]:
-        """Load this peer's checkpoint into the model, optimizer, strategy, RNG and the peers
-        it knew lost; returns (its round, batches drawn, bytes sent and received by then)."""
+    def _restore(self, round: int | None = None) -> tuple[int, int, tuple[int, int]]:
+        """Load this peer's checkpoint (of ``round``, else the newest) into the model,
+        optimizer, strategy, RNG and the peers it knew lost; returns (its round, batches
+        drawn, bytes sent and received by then)."""
         path, peer, config = self.checkpoint_path, self.peer, self.config
-        state = checkpoints.load(path, rank=peer.rank, strategy=config.strategy,
-                                 task=config.task)
+        expect = {"rank": peer.rank, "strategy": config.strategy, "task": config.task}
+        if round is not None:
+            kept = checkpoints.generations(path, **expect)
+            if round not in kept:
+                raise CheckpointError(f"checkpoint {path}: no generation of round {round} "
+                                      f"(kept: {sorted(kept) or 'none'})")
+            path = kept[round]
+        state = checkpoints.load(path, **expect)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -246,7 +255,8 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
           on_minibatch: Callable[[int, int], None] | None = None,
           model: torch.nn.Module | None = None, checkpoint_path: str | Path | None = None,
           resume: bool = False, history: list[dict[str, Any]] | None = None,
-          make_trainer: Callable[..., Trainer] | None = None) -> dict[str, Any]:
+          make_trainer: Callable[..., Trainer] | None = None,
+          resume_round: int | None = None) -> dict[str, Any]:
     """Train the configured task on an open ``peer``; returns the last round's record as a
     dict (empty if no round was left to train).
 
@@ -272,6 +282,8 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
             peer the same initial weights).
         checkpoint_path: This peer's checkpoint file.
         resume: Restart from ``checkpoint_path`` and rejoin.
+        resume_round: With ``resume``: from the kept generation of this round (a whole job
+            restarted together agrees on one: gossip.rendezvous.restart).
         history: With ``resume``: the records the peer wrote before it was restarted; those
             of rounds before the one it resumes at are written again first, and the byte
             counts go on from the last of them (else from the checkpoint's). A round before
@@ -283,6 +295,6 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
     trainer = (make_trainer or Trainer)(peer, config, model=model, checkpoint_path=checkpoint_path,
                       metrics=metrics, on_round=on_round, on_minibatch=on_minibatch)
     if resume:
-        trainer.resume(history)
+        trainer.resume(history, round=resume_round)
     last = trainer.run()
     return {} if last is None else last.as_dict()

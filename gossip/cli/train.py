@@ -13,8 +13,7 @@ import yaml
 
 from gossip.cli.common import fail_cleanly, main
 from gossip.errors import ConfigError, GossipError
-
-RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+from gossip.rendezvous.launchers import RANK_ENV
 
 
 def _train_options(fn):
@@ -120,7 +119,16 @@ def _rank_values(flag: str, items) -> dict[int, float]:
 @main.command()
 @click.option("--rank", type=int, help=f"This peer's rank (default: ${' / $'.join(RANK_ENV)}).")
 @click.option("--topology", "topology_path", required=True, type=click.Path(dir_okay=False),
-              help="Topology YAML naming every peer's host and port.")
+              help="Topology YAML naming every peer's host and port (with --rendezvous: "
+                   "the graph alone is enough).")
+@click.option("--rendezvous", "rendezvous_uri", default="static", show_default=True,
+              metavar="URI",
+              help="Meet the other peers through a launcher instead of the topology's "
+                   "addresses: env:// (torchrun, Kubernetes), slurm://[HOST:PORT], "
+                   "tcp://HOST:PORT or file:///PATH; rank and size from the launcher.")
+@click.option("--advertise", metavar="IP",
+              help="With --rendezvous: the address other peers reach this one at (default: "
+                   "the source address towards the store's host).")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=".",
               help="Where this peer writes peer-RANK.jsonl.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -134,23 +142,25 @@ def _rank_values(flag: str, items) -> dict[int, float]:
                    "(dpsgd, matcha).")
 @_train_options
 @fail_cleanly
-def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, config_path,
-         strategy_options, **flags):
+def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_file,
+         checkpoint_dir, resume, config_path, strategy_options, **flags):
     """Run one peer of a cluster (the same topology file on every machine)."""
+    if rendezvous_uri != "static":  # before torch loads: c10d's retry logs (stack traces
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # included) bury our one line
     from tqdm import tqdm
 
     from gossip import checkpoint
     from gossip.crossover.connect import device_config
     from gossip.metrics import MetricsWriter, read_jsonl
     from gossip.peer import Peer
-    from gossip.topology import Topology
+    from gossip.rendezvous.cli import Meeting
     from gossip.training import train
 
-    rank = _resolve_rank(rank)
-    topology = Topology.from_yaml(topology_path)
     config = _train_config(config_path, strategy_options, **flags)
     shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
                            job=flags["job"])
+    meeting = Meeting.parse(rendezvous_uri, rank, advertise=advertise, timeout=config.timeout)
+    rank, topology = meeting.rank, meeting.topology(topology_path)
     config.delays.check_ranks(topology.size)
     metrics_path = Path(run_dir) / f"peer-{rank}.jsonl"
     checkpoint_path = checkpoint.path_for(checkpoint_dir or Path(run_dir) / "checkpoints", rank)
@@ -158,26 +168,31 @@ def peer(rank, topology_path, run_dir, quiet, key_file, checkpoint_dir, resume, 
     if resume:  # fail before binding anything
         resumed = (f" resumed from the checkpoint of round "
                    f"{checkpoint.load(checkpoint_path, rank=rank)['round']}")
-        if metrics_path.exists():  # rewritten up to the round this peer rejoins at
-            history = read_jsonl(metrics_path)
+    if (resume or meeting.restarted) and metrics_path.exists():  # rewritten up to the round
+        history = read_jsonl(metrics_path)                        # this peer rejoins at
     if topology.roles is not None and rank not in topology.roles.workers:
         # A server only (topology roles): no training, no metrics; the serve loop.
         with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
-                  dead_after=config.dead_after, **config.options) as node:
+                  dead_after=config.dead_after, rendezvous=meeting.rendezvous,
+                  **config.options) as node:
             node.serve()
         click.echo(f"peer {rank}: served until every worker said goodbye")
         return
     with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
               send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
-              **config.options) as node, MetricsWriter(metrics_path) as metrics, \
-            tqdm(total=config.rounds, desc=f"peer {rank}", disable=quiet, unit="round") as bar, \
-            _device(shared, rank, node, config.timeout) as make_trainer:
-        # To the record's round, not +1: a resumed peer starts where its checkpoint left off.
-        last = train(node, config, metrics=metrics, make_trainer=make_trainer,
-                     on_round=lambda record: bar.update(record["round"] + 1 - bar.n),
-                     checkpoint_path=checkpoint_path if config.checkpoint_every or resume
-                     else None, resume=resume, history=history)
+              rendezvous=meeting.rendezvous, **config.options) as node:
+        agreed = meeting.settle(node, run_dir, config, checkpoint_path)
+        if agreed is not None:
+            resume, resumed = True, f" resumed from the checkpoint of round {agreed}"
+        with MetricsWriter(metrics_path) as metrics, tqdm(
+                total=config.rounds, desc=f"peer {rank}", disable=quiet, unit="round") as bar, \
+                _device(shared, rank, node, config.timeout) as make_trainer:
+            # To the record's round, not +1: a resumed peer starts where its checkpoint left.
+            last = train(node, config, metrics=metrics, make_trainer=make_trainer,
+                         on_round=lambda record: bar.update(record["round"] + 1 - bar.n),
+                         checkpoint_path=checkpoint_path if config.checkpoint_every or resume
+                         else None, resume=resume, history=history, resume_round=agreed)
     lost = "".join(f" lost peer {r} (round {at})" for r, at in last["lost_peers"].items())
     click.echo(f"peer {rank}: loss {last['loss']:.4f} accuracy {last['accuracy']:.4f} "
                f"bytes_sent {last['bytes_sent']} bytes_recv {last['bytes_recv']} "
@@ -194,18 +209,6 @@ def _device(shared, rank: int, node, timeout: float):
 
     with shared.open(rank, timeout=timeout, clock=node.clock) as lock:
         yield functools.partial(DeviceTrainer, device=lock)
-
-
-def _resolve_rank(rank: int | None) -> int:
-    if rank is not None:
-        return rank
-    for name in RANK_ENV:
-        if os.environ.get(name, "").strip():
-            try:
-                return int(os.environ[name])
-            except ValueError:
-                raise ConfigError(f"${name}={os.environ[name]!r} is not a rank") from None
-    raise ConfigError(f"no rank: pass --rank or set one of ${', $'.join(RANK_ENV)}")
 
 
 @main.command()

@@ -168,22 +168,24 @@ class Topology:
     # -- construction ---------------------------------------------------------------
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> Topology:
+    def from_yaml(cls, path: str | Path, *, size: int | None = None) -> Topology:
         """Load and validate a topology file; errors start with ``path``, and an unnamed
-        file takes the file's stem as its name."""
-        return cls.from_dict(io.read(path), source=str(path), base_dir=Path(path).parent)
+        file takes the file's stem as its name. ``size`` as for ``from_dict``."""
+        return cls.from_dict(io.read(path), source=str(path), base_dir=Path(path).parent,
+                             size=size)
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<dict>",
-                  base_dir: str | Path = ".") -> Topology:
+                  base_dir: str | Path = ".", size: int | None = None) -> Topology:
         """Validate a parsed topology mapping (a relative ``keys`` directory is relative to
-        ``base_dir``).
+        ``base_dir``). With ``size`` (a launcher's) a mapping of only the graph (``graph:`` or
+        ``edges:``) is enough; its peers' addresses are placeholders for a rendezvous.
 
         Raises:
             TopologyError: ``"<source>: <field>: <problem>"`` on the first problem found.
         """
         try:
-            parts = io.parse(data)
+            parts = io.parse(data, size=size)
             topology = cls(parts.graph, parts.peers, name=parts.name, roles=parts.roles)
             keys = io.key_dir(data, topology, Path(base_dir))
             return topology if keys is None else topology.with_keys(keys)

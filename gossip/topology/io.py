@@ -79,8 +79,10 @@ def read(path: str | Path) -> Any:
     return data
 
 
-def parse(data: Any) -> TopologyParts:
-    """The parts of a topology mapping.
+def parse(data: Any, *, size: int | None = None) -> TopologyParts:
+    """The parts of a topology mapping. With ``size`` (a launcher's, for peers that meet
+    through a rendezvous) the mapping may hold only the graph: its peers are placeholders
+    at 127.0.0.1 until the rendezvous says where they are.
 
     Raises:
         TopologyError: ``"<field>: <problem>"`` on the first problem found.
@@ -93,6 +95,8 @@ def parse(data: Any) -> TopologyParts:
     name = data.get("name")
     if name is not None and not isinstance(name, str):
         raise TopologyError(f"name: expected a string, got {name!r}")
+    if size is not None and not any(key in data for key in ("peers", "hosts", "size")):
+        data = {**data, "size": size}
     peers = _parse_peers(data)
     found = roles.parse(data, len(peers))
     if found is not None and "graph" not in data and "edges" not in data:
@@ -138,7 +142,8 @@ def _host(field: str, value: Any) -> str:
 def _parse_peers(data: dict) -> list[PeerAddress]:
     forms = [key for key in ("peers", "hosts", "size") if key in data]
     if not forms:
-        raise TopologyError("one of 'peers', 'hosts' or 'size' is required")
+        raise TopologyError("one of 'peers', 'hosts' or 'size' is required (a file with "
+                            "only the graph needs --rendezvous: the launcher gives the size)")
     if len(forms) > 1:
         raise TopologyError(f"give only one of 'peers', 'hosts' or 'size', not {' and '.join(forms)}")
     form = forms[0]

@@ -77,7 +77,8 @@ class Transport(ABC):
         self.membership = Membership(Network(
             rank=rank, size=size, clock=self.clock, describe=self.describe, send=self.send,
             resend=self._send_encoded, pump=self._pump, never_reached=self._never_reached,
-            restarted=self._restarted, discard_before=self.pending.discard_before))
+            restarted=self._restarted, discard_before=self.pending.discard_before,
+            moved=self._moved))
         self._sends = SendWatch(rank=rank, clock=self.clock, timeout=timeout,
                                 describe=self.describe, check=self._check_delivery)
 
@@ -112,6 +113,9 @@ class Transport(ABC):
 
     def _internal(self, msg: Message) -> None:
         """Handle a message of one of ``own_kinds``."""
+
+    def _moved(self, rank: int, endpoint: str) -> None:
+        """``rank`` restarted listening at ``endpoint`` (its join said): reach it there."""
 
     def _restarted(self, rank: int) -> None:
         """``rank`` restarted (it asked to rejoin): forget what was set up with its old

@@ -33,3 +33,54 @@ def bind_address(endpoint: str) -> str:
         return endpoint
     except ValueError:
         return f"{parts.scheme}://*:{parts.port}"
+
+
+class Endpoints:
+    """Every rank's endpoint, and which peers are reached over their Unix-socket twin.
+
+    Without a ``machine`` tag a peer on a loopback address has a twin (``local_ipc``). Peers
+    that met through a rendezvous have a tag of their machine instead: each binds a twin
+    named by tag and port whatever its IP (so an ephemeral port ``tcp://IP:*`` is fine),
+    and reaches over theirs the ranks ``locate`` says share its machine.
+    """
+
+    def __init__(self, rank: int, endpoints, machine: str | None = None):
+        self.rank, self.machine = rank, machine
+        self.all = list(endpoints)
+        self._local = {rank}
+
+    def __getitem__(self, rank: int) -> str:
+        return self.all[rank]
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def bound(self, endpoint: str) -> None:
+        """This rank's endpoint as bound (its ephemeral port filled in)."""
+        self.all[self.rank] = endpoint
+
+    def twin(self, rank: int) -> str | None:
+        """The Unix-socket twin of ``rank``'s endpoint if it is on this machine, else None."""
+        if self.machine is None:
+            return local_ipc(self.all[rank])
+        if rank not in self._local:
+            return None
+        port = self.all[rank].rsplit(":", 1)[1]
+        return f"ipc://{tempfile.gettempdir()}/gossip-{self.machine}-{port}.sock"
+
+    def locate(self, endpoints, local: set[int]) -> None:
+        """The other ranks' endpoints, and which of them are on this machine."""
+        own = self.all[self.rank]
+        self.all = list(endpoints)
+        self.all[self.rank] = own
+        self._local = set(local) | {self.rank}
+
+    def move(self, rank: int, endpoint: str, *, local: bool) -> bool:
+        """``rank`` now listens at ``endpoint``; whether that changed anything."""
+        if rank == self.rank or (endpoint == self.all[rank] and local == (rank in self._local)):
+            return False
+        self.all[rank] = endpoint
+        self._local.discard(rank)
+        if local:
+            self._local.add(rank)
+        return True

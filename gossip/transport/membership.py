@@ -8,7 +8,8 @@ Control messages (kinds accepted by every transport, handled inside it, never re
   all-reduce, sparse all-reduce, the consensus probe) stop everywhere instead of waiting for
   a message that depends on the dead peer. To the dead peer itself it says "I dropped you":
   if it is in fact alive, it drops the sender too, so no edge is used by one end only.
-* ``ctl.join {round}``: the sender restarted from its checkpoint of ``round``.
+* ``ctl.join {round, endpoint?}``: the sender restarted from its checkpoint of ``round``,
+  listening at ``endpoint`` if it moved (a rendezvous gave it a new address).
 * ``ctl.welcome {round, lost, dropped, restarting}``: the answer: the round this peer is at,
   the peers it knows to be lost, whether it had already dropped the sender, and whether it is
   itself rejoining (then ``round`` is its checkpoint's: a whole job restarting together).
@@ -64,6 +65,7 @@ class Network:
             given (no process listens at their address).
         restarted: ``restarted(rank)``: forget what was set up with ``rank``'s old process.
         discard_before: ``discard_before(round)``: drop the kept messages of earlier rounds.
+        moved: ``moved(rank, endpoint)``: ``rank`` restarted at a new address.
     """
 
     rank: int
@@ -76,6 +78,7 @@ class Network:
     never_reached: Callable[[], set[int]]
     restarted: Callable[[int], None]
     discard_before: Callable[[int], Any]
+    moved: Callable[[int, str], None] = lambda rank, endpoint: None
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,10 @@ class Membership:
                     raise ValueError(f"rank {rank} is not a peer")
             elif msg.kind == JOIN:
                 _int(meta, "round")
+                endpoint = meta.get("endpoint", "tcp://")
+                if not isinstance(endpoint, str) or not endpoint.startswith("tcp://") \
+                        or len(endpoint) > 300:
+                    raise ValueError(f"endpoint={endpoint!r} is not tcp://HOST:PORT")
             elif msg.kind == WELCOME:
                 _int(meta, "round")
                 lost = meta.get("lost")
@@ -209,6 +216,8 @@ class Membership:
                 log.info("rank %d: peer %d reports %s dead: %s", self._net.rank, src,
                          self._net.describe(rank), why)
         elif msg.kind == JOIN:
+            if "endpoint" in meta:  # before the welcome, which goes there
+                self._net.moved(src, meta["endpoint"])
             self._net.restarted(src)
             loss = self.lost.get(src)
             if loss is not None and not loss.firsthand:  # it is back, whoever said not
@@ -258,7 +267,7 @@ class Membership:
 
     # -- rejoining --------------------------------------------------------------------------
     def rejoin(self, checkpoint_round: int, choose: Callable[[Mapping[int, int]], int],
-               timeout: float) -> int:
+               timeout: float, endpoint: str | None = None) -> int:
         """Rejoin running peers after a restart from the checkpoint of ``checkpoint_round``.
 
         Sends ``join`` to every peer not known lost, waits for every answer, lets ``choose``
@@ -266,7 +275,7 @@ class Membership:
         (``resume``), and returns that round. Peers that had dropped this one, and the peers
         they know to be lost, are lost to it too. When every other peer is rejoining too (the
         whole job restarted), they all resume at their common checkpoint round instead, for
-        any strategy.
+        any strategy. ``endpoint``: where this peer listens now, if it moved.
 
         Raises:
             RejoinError: a peer did not answer within ``timeout`` s, a whole job restarts
@@ -275,16 +284,17 @@ class Membership:
         self.round = checkpoint_round
         self._rejoining = True
         try:
-            return self._rejoin(checkpoint_round, choose, timeout)
+            return self._rejoin(checkpoint_round, choose, timeout, endpoint)
         finally:
             self._rejoining = False
 
     def _rejoin(self, checkpoint_round: int, choose: Callable[[Mapping[int, int]], int],
-                timeout: float) -> int:
+                timeout: float, endpoint: str | None) -> int:
         net = self._net
         others = [r for r in range(net.size or 0) if r != net.rank and r not in self.lost]
         for dst in others:
-            self._send(dst, JOIN, {"round": checkpoint_round})
+            self._send(dst, JOIN, {"round": checkpoint_round,
+                                   **({"endpoint": endpoint} if endpoint else {})})
         clock = net.clock
         deadline = clock.monotonic() + timeout
         while set(others) - set(self._welcomes) and clock.monotonic() < deadline:

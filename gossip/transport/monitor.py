@@ -185,6 +185,17 @@ class LinkWatch:
         self._added_at[rank] = self._now()
         return monitor
 
+    def forget(self, rank: int) -> None:
+        """Stop watching our link to ``rank`` (its socket is about to close)."""
+        monitor = self.sockets.pop(rank, None)
+        if monitor is not None:
+            self._watched.pop(rank).disable_monitor()
+            monitor.close(linger=0)
+        for state in (self._ever_up, self._judged):
+            state.discard(rank)
+        self._added_at.pop(rank, None)
+        self._down_since.pop(rank, None)
+
     def read(self, rank: int) -> None:
         """Handle every event waiting on the monitor of our link to ``rank``."""
         monitor = self.sockets[rank]

@@ -21,7 +21,7 @@ from gossip.keys import CurveKeys, for_rank
 from gossip.transport import codec, shm
 from gossip.transport.auth import ZapHandler
 from gossip.transport.base import BYE, Transport
-from gossip.transport.endpoints import bind_address, local_ipc
+from gossip.transport.endpoints import Endpoints, bind_address
 from gossip.transport.memory import keep_freed_buffers
 from gossip.transport.message import Message
 from gossip.transport.monitor import ConnectionWatch, LinkWatch
@@ -52,6 +52,8 @@ class ZmqTransport(Transport):
             is not the rank whose key sent them. None: plaintext, anyone may connect.
         dead_after: Declare a peer dead once our connection to it has been down this many
             seconds (docs/ARCHITECTURE.md, Dead peers).
+        machine: A tag of this machine, for peers that met through a rendezvous
+            (endpoints.Endpoints): our endpoint may be ``tcp://IP:*``, an ephemeral port.
         **kwargs: See Transport.
     """
 
@@ -59,7 +61,7 @@ class ZmqTransport(Transport):
 
     def __init__(self, rank: int, endpoints: Sequence[str], *, local_ipc: bool = True,
                  shared_memory: bool = True, keys: CurveKeys | None = None,
-                 dead_after: float = DEAD_AFTER_S, **kwargs):
+                 dead_after: float = DEAD_AFTER_S, machine: str | None = None, **kwargs):
         super().__init__(rank, size=len(endpoints), **kwargs)
         if not dead_after > 0:
             raise TransportError(f"dead_after must be > 0 seconds, got {dead_after!r}")
@@ -69,7 +71,7 @@ class ZmqTransport(Transport):
         if keys is not None and (keys.rank != rank or len(keys.peers) != len(endpoints)):
             raise TransportError(f"rank {rank}: CURVE keys are for rank {keys.rank} of "
                                  f"{len(keys.peers)} peers, not rank {rank} of {len(endpoints)}")
-        self.endpoints = list(endpoints)
+        self.endpoints = Endpoints(rank, endpoints, machine)
         self.keys = keys
         self._ctx: zmq.Context | None = None
         self._pull: zmq.Socket | None = None
@@ -106,9 +108,11 @@ class ZmqTransport(Transport):
                                       denials=self._zap.denials if self._zap else None,
                                       now=self.clock.monotonic)
         endpoint = self.endpoints[self.rank]
-        twin = local_ipc(endpoint)
         try:
             self._pull.bind(bind_address(endpoint))
+            if endpoint.endswith(":*"):  # an ephemeral port: the one the system chose
+                self.endpoints.bound(self._pull.getsockopt_string(zmq.LAST_ENDPOINT))
+            twin = self.endpoints.twin(self.rank)
             # The TCP bind above is the lock on this port, so the ipc path is ours to take.
             if twin:  # bound even if we do not use it: others may
                 self._pull.bind(twin)
@@ -133,9 +137,23 @@ class ZmqTransport(Transport):
             sock = push_socket(self._ctx, dst, timeout=self.timeout, keys=self.keys)
             self._links.add(dst, sock)
             endpoint = self.endpoints[dst]
-            sock.connect((self.use_ipc and local_ipc(endpoint)) or endpoint)
+            sock.connect((self.use_ipc and self.endpoints.twin(dst)) or endpoint)
             self._push[dst] = sock
         return sock
+
+    def locate(self, endpoints: Sequence[str], local: set[int]) -> None:
+        """Where the other ranks listen (a rendezvous's answer) and which share this
+        machine; before anything is sent."""
+        self.endpoints.locate(endpoints, local)
+
+    def repoint(self, rank: int, endpoint: str, *, local: bool = False) -> None:
+        """``rank`` came back at ``endpoint`` (a restarted peer's rejoin): connect there
+        from now on; what was queued for its old address died with it."""
+        if self.endpoints.move(rank, endpoint, local=local) and rank in self._push:
+            self._links.forget(rank)
+            self._push.pop(rank).close(linger=0)
+
+    _moved = repoint  # a rejoining peer's join says where it listens now
 
     def connect(self, ranks) -> None:
         for dst in ranks:
@@ -180,7 +198,7 @@ class ZmqTransport(Transport):
 
     def _on_this_machine(self, rank: int) -> bool:
         """Whether ``rank`` is reached over the ipc twin (so shares this machine's memory)."""
-        return 0 <= rank < len(self.endpoints) and bool(local_ipc(self.endpoints[rank]))
+        return 0 <= rank < len(self.endpoints) and bool(self.endpoints.twin(rank))
 
     def shares_memory_with(self, rank: int) -> bool:
         """Whether large frames to ``rank`` go through shared memory now."""

@@ -1,0 +1,77 @@
+"""`gossip peer --rendezvous`: rank, size and topology from the launcher, the run directory's
+files written once the peers met, and the round a restarted job resumes at."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gossip import checkpoint
+from gossip.errors import ConfigError
+from gossip.rendezvous.launchers import require_rank
+from gossip.rendezvous.restart import common_round
+from gossip.rendezvous.store import Rendezvous
+from gossip.topology import Topology
+
+
+@dataclass(frozen=True)
+class Meeting:
+    """How one `gossip peer` finds the others: a rendezvous, or the topology file's
+    addresses (``rendezvous`` None, the ``static`` default)."""
+
+    rendezvous: Rendezvous | None
+    rank: int
+    size: int | None  # the launcher's; None: the topology file's
+
+    @classmethod
+    def parse(cls, uri: str, rank: int | None, *, advertise: str | None,
+              timeout: float) -> Meeting:
+        """Raises ConfigError for a bad URI or a rank or size nobody gave."""
+        if uri == "static":
+            if advertise:
+                raise ConfigError("--advertise: only with --rendezvous (a static topology "
+                                  "names every peer's address)")
+            return cls(None, require_rank(os.environ) if rank is None else rank, None)
+        rendezvous = Rendezvous.parse(uri, advertise=advertise, timeout=timeout)
+        return cls(rendezvous, rendezvous.rank_of(rank), rendezvous.size_of())
+
+    def topology(self, path: str | Path) -> Topology:
+        """The topology file's (a graph-only file takes the launcher's size)."""
+        topology = Topology.from_yaml(path, size=self.size)
+        if self.size is not None and topology.size != self.size:
+            raise ConfigError(f"{path}: {topology.size} peers, but the launcher started "
+                              f"{self.size}")
+        return topology
+
+    @property
+    def restarted(self) -> bool:
+        """A later incarnation of a job its launcher restarted whole."""
+        return self.rendezvous is not None and self.rendezvous.incarnation.restart > 0
+
+    def settle(self, node, run_dir: str | Path, config, checkpoint_path) -> int | None:
+        """Once the peers met: rank 0 writes the resolved topology and the config into the
+        run directory (for resume and plots, as `gossip launch` does); a restarted job
+        agrees on the checkpoint round to resume at (None: start afresh or as asked)."""
+        if self.rendezvous is None:
+            return None
+        if node.rank == 0:
+            run_dir = Path(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _write(run_dir / "topology.yaml", node.topology.to_dict())
+            _write(run_dir / "config.yaml", {"train": config.to_dict(),
+                                             "topology": node.topology.to_dict(),
+                                             "ranks": list(range(node.topology.size))})
+        if not self.restarted:
+            return None
+        kept = checkpoint.generations(checkpoint_path, rank=node.rank,
+                                      strategy=config.strategy, task=config.task)
+        return common_round(self.rendezvous, node.rank, node.topology.size, kept)
+
+
+def _write(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+    os.replace(tmp, path)

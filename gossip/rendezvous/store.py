@@ -1,0 +1,231 @@
+"""``Rendezvous``: where the peers meet (a launcher's key-value store) and the one exchange
+they make there, "publish mine, read everyone's".
+
+The store is torch.distributed's, opened as ``torch.distributed.rendezvous`` would open it
+(but from the environment the Rendezvous was parsed with): the TCPStore torchrun's agent
+already serves (``TORCHELASTIC_USE_AGENT_STORE``), or one rank 0 serves, or a FileStore on a
+shared file system. It needs no process group. URIs:
+
+* ``env://``: MASTER_ADDR and MASTER_PORT (torchrun, Kubeflow PyTorchJob).
+* ``slurm://[HOST[:PORT]]``: the first node of the job step's node list, port derived from
+  the job id, unless given; rank 0 (on that node) serves the store.
+* ``tcp://HOST:PORT``: rank 0 serves the store there (or a standalone one runs there).
+* ``file:///PATH``: a FileStore at PATH, on a file system every peer sees.
+
+``?rank=R&world_size=N`` in the URI gives the rank and size where the launcher does not.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from urllib.parse import parse_qsl, urlsplit
+
+from gossip import slurm
+from gossip.errors import ConfigError, RendezvousError
+from gossip.rendezvous import launchers
+from gossip.rendezvous.contact import resolve, source_address
+
+SCHEMES = ("env", "slurm", "tcp", "file")
+USAGE = "env://, slurm://[HOST[:PORT]], tcp://HOST:PORT, file:///PATH or static"
+# slurm:// without a port: this plus the job id modulo SLURM_PORT_SPAN (below the ephemeral
+# range, so no peer's own port takes it first).
+SLURM_BASE_PORT, SLURM_PORT_SPAN = 20000, 10000
+CLOSE_WAIT_S = 10.0  # the longest a store's server waits at the end for the others to leave
+
+
+class Rendezvous:
+    """Where the peers of a launcher-started job meet; build with ``parse``.
+
+    Attributes:
+        uri: As given.
+        rank, size: From the URI's query, else None (the launcher's environment says).
+        incarnation: Run id + restart count: the prefix of every key this job writes.
+        timeout: Seconds to reach the store and to wait for every peer's key.
+    """
+
+    def __init__(self, uri: str, *, host: str | None, port: int | None, path: str | None,
+                 rank: int | None, size: int | None, incarnation: launchers.Incarnation,
+                 advertise: str | None, timeout: float, environ: Mapping[str, str]):
+        self.uri, self.host, self.port, self.path = uri, host, port, path
+        self.rank, self.size, self.incarnation = rank, size, incarnation
+        self.advertise, self.timeout, self.environ = advertise, timeout, environ
+        # Under torchrun its agent serves the store; else rank 0 does (tcp, env, slurm).
+        self.agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+        self._store = None
+        self._serving = False
+
+    @classmethod
+    def parse(cls, uri: str, *, environ: Mapping[str, str] | None = None,
+              advertise: str | None = None, timeout: float = 60.0) -> Rendezvous:
+        """Raises ConfigError naming the URI and what is wrong with it (or the variable
+        missing from the environment)."""
+        environ = os.environ if environ is None else environ
+        parts = urlsplit(uri)
+        if parts.scheme not in SCHEMES or "://" not in uri:
+            raise ConfigError(f"--rendezvous {uri!r}: unknown scheme (use {USAGE})")
+        try:
+            query = dict(parse_qsl(parts.query, strict_parsing=bool(parts.query)))
+            host, port = parts.hostname, parts.port
+        except ValueError as exc:
+            raise ConfigError(f"--rendezvous {uri!r}: {exc}") from None
+        for key in query:
+            if key not in ("rank", "world_size"):
+                raise ConfigError(f"--rendezvous {uri!r}: unknown parameter {key!r} "
+                                  f"(rank, world_size)")
+        rank = _query_int(uri, query, "rank", least=0)
+        size = _query_int(uri, query, "world_size", least=1)
+        path = None
+        if parts.scheme == "env":
+            host, port = _env_store(uri, environ)
+        elif parts.scheme == "slurm":
+            host = host or slurm.first_node(environ)
+            port = port or _slurm_port(environ)
+        elif parts.scheme == "tcp":
+            if not host or not port:
+                raise ConfigError(f"--rendezvous {uri!r}: tcp:// needs HOST:PORT")
+        else:
+            path = parts.path
+            if host or not path or path == "/":
+                raise ConfigError(f"--rendezvous {uri!r}: file:// needs an absolute path "
+                                  f"(file:///shared/dir/store)")
+        return cls(uri, host=host, port=port, path=path, rank=rank, size=size,
+                   incarnation=launchers.Incarnation.from_env(environ), advertise=advertise,
+                   timeout=timeout, environ=environ)
+
+    def rank_of(self, flag: int | None = None) -> int:
+        """This peer's rank: ``--rank``, else the URI's, else the launcher's variable."""
+        if flag is not None:
+            return flag
+        return self.rank if self.rank is not None else launchers.require_rank(self.environ)
+
+    def size_of(self) -> int:
+        """How many peers meet: the URI's ``world_size``, else the launcher's variable."""
+        return self.size if self.size is not None else launchers.require_size(self.environ)
+
+    # -- where this peer listens --------------------------------------------------------
+
+    def own_host(self) -> str:
+        """The IP to bind and publish: ``advertise``, else the source address towards the
+        store host (a FileStore has none: this host name's address)."""
+        if self.advertise:
+            return resolve(self.advertise)
+        if self.host is None:
+            return resolve(_hostname())
+        return source_address(self.host, self.port)
+
+    # -- the store ----------------------------------------------------------------------
+
+    def store(self, rank: int, size: int):
+        """The store, opened once (rank 0 serves it for tcp/env/slurm outside torchrun).
+
+        Raises:
+            RendezvousError: not reachable (or not servable) within ``timeout``.
+        """
+        if self._store is None:
+            import torch.distributed as dist
+
+            where = f"file://{self.path}" if self.path else f"tcp://{self.host}:{self.port}"
+            self._serving = self.path is None and not self.agent_store and rank == 0
+            timeout = timedelta(seconds=self.timeout)
+            try:  # as torch.distributed.rendezvous would, with our environment's say
+                if self.path:
+                    self._store = dist.FileStore(self.path, size)
+                    self._store.set_timeout(timeout)
+                else:
+                    self._store = dist.TCPStore(self.host, self.port, size, self._serving,
+                                                timeout, wait_for_workers=False,
+                                                multi_tenant=True)
+            except Exception as exc:  # noqa: BLE001 - c10d raises RuntimeError, DistError...
+                raise RendezvousError(self._store_failure(where, exc)) from None
+        return self._store
+
+    def _store_failure(self, where: str, exc: Exception) -> str:
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        if self._serving:
+            return (f"rendezvous {self.uri}: rank 0 could not serve the store at "
+                    f"{where.removeprefix('tcp://')} or not every peer came within "
+                    f"{self.timeout:g} s ({detail})")
+        return (f"rendezvous {self.uri}: store {where} not reachable within {self.timeout:g} s "
+                f"({detail})")
+
+    def exchange(self, name: str, rank: int, size: int, value: bytes) -> list[bytes]:
+        """Publish ``value`` as this rank's ``name`` and read every rank's, in one call;
+        only this incarnation's keys are read.
+
+        Raises:
+            RendezvousError: naming the ranks whose key did not come within ``timeout``.
+        """
+        store = self.store(rank, size)
+        keys = [f"{self.incarnation.prefix}{name}/{r}" for r in range(size)]
+        try:
+            store.set(keys[rank], value)
+            return store.multi_get(keys)
+        except Exception as exc:  # noqa: BLE001 - timeouts and lost connections alike
+            try:
+                missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            except Exception:  # noqa: BLE001 - the store itself is gone
+                raise RendezvousError(f"rendezvous {self.uri}: lost the store while "
+                                      f"exchanging {name} ({exc})") from None
+            raise RendezvousError(f"rendezvous {self.uri}: rank(s) {_ranks(missing)} did not "
+                                  f"publish their {name} within {self.timeout:g} s") from None
+
+    def close(self, rank: int, size: int, *, wait: bool) -> None:
+        """Leave the store. The rank serving it waits (bounded) for the others to leave
+        first, so none loses it while still reading."""
+        if self._store is None:
+            return
+        store, self._store = self._store, None
+        key = f"{self.incarnation.prefix}left"
+        try:
+            left = store.add(key, 1)
+            deadline = time.monotonic() + min(self.timeout, CLOSE_WAIT_S)
+            while wait and self._serving and left < size and time.monotonic() < deadline:
+                time.sleep(0.05)
+                left = store.add(key, 0)
+        except Exception:  # noqa: BLE001 - the store went first: nothing to wait for
+            pass
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks)) or "(none)"
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _query_int(uri: str, query: dict, key: str, *, least: int) -> int | None:
+    if key not in query:
+        return None
+    try:
+        value = int(query[key])
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise ConfigError(f"--rendezvous {uri!r}: {key}={query[key]!r} is not an integer "
+                          f">= {least}")
+    return value
+
+
+def _env_store(uri: str, environ: Mapping[str, str]) -> tuple[str, int]:
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(name, "").strip()]
+    if missing:
+        raise ConfigError(f"--rendezvous {uri}: ${' and $'.join(missing)} not set (torchrun "
+                          f"and Kubeflow set them; else use tcp://HOST:PORT)")
+    port = environ["MASTER_PORT"].strip()
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"--rendezvous {uri}: $MASTER_PORT={port!r} is not a port")
+    return environ["MASTER_ADDR"].strip(), int(port)
+
+
+def _slurm_port(environ: Mapping[str, str]) -> int:
+    job = environ.get("SLURM_JOB_ID", "").strip()
+    if not job.isdigit():
+        raise ConfigError(f"--rendezvous slurm://: $SLURM_JOB_ID={job!r} is not a job id (run "
+                          f"under srun, or give slurm://HOST:PORT)")
+    return SLURM_BASE_PORT + int(job) % SLURM_PORT_SPAN
