@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+OVERLAP_FIELDS = ("exposed_comm_s", "comm_busy_s", "iter_s", "buckets")
+
+
 @dataclass(frozen=True)
 class Record:
     """What one peer did in one round. The fields, in this order, are the keys of its JSONL
-    line; ``resumed_from`` and ``lost_work`` are written only when set.
+    line; ``resumed_from``, ``lost_work`` and the overlap fields are written only when set.
 
     Attributes:
         round: The round.
@@ -37,6 +40,12 @@ class Record:
         resumed_from: On the first record after a restart: the checkpoint's round.
         lost_work: A round the killed process did but never recorded: its neighbours mixed
             its messages, but its loss, accuracy and timings died with it (None).
+        exposed_comm_s: With ``overlap``: seconds the step waited for the communication
+            thread (the communication not hidden behind compute).
+        comm_busy_s: With ``overlap``: seconds the communication thread was busy.
+        iter_s: With ``overlap``: round start to after the optimizer step (no evaluation).
+        buckets: With ``overlap``: synchronizations per round (gradient buckets; 1 for
+            combine-then-adapt).
     """
 
     round: int
@@ -57,6 +66,10 @@ class Record:
     lost_peers: Mapping[int, int] = field(default_factory=dict)
     resumed_from: int | None = None
     lost_work: bool = False
+    exposed_comm_s: float | None = None
+    comm_busy_s: float | None = None
+    iter_s: float | None = None
+    buckets: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSONL line (``MetricsWriter.write`` turns NaN into null)."""
@@ -65,6 +78,9 @@ class Record:
             del line["resumed_from"]
         if not self.lost_work:
             del line["lost_work"]
+        for key in OVERLAP_FIELDS:
+            if line[key] is None:
+                del line[key]
         return line
 
     @classmethod

@@ -9,9 +9,11 @@ Usage::
 
 from gossip.tasks.base import TASKS, BatchStream, Split, Task, create_task, evaluate
 from gossip.tasks.partition import SCHEMES, partition
+from gossip.tasks.user import task_factory
 
-# Imported for its registration side effect; it imports sklearn lazily.
+# Imported for their registration side effect; they import sklearn lazily.
 from gossip.tasks import digits as _digits  # noqa: F401  isort: skip
+from gossip.tasks import deep as _deep  # noqa: F401  isort: skip
 
 __all__ = [
     "SCHEMES",
@@ -22,4 +24,5 @@ __all__ = [
     "create_task",
     "evaluate",
     "partition",
+    "task_factory",
 ]
