@@ -7,9 +7,9 @@ Usage::
     stream = BatchStream(task.train, shards[rank], batch_size=32, seed=rank)
 """
 
-from gossip.tasks.base import TASKS, BatchStream, Split, Task, create_task, evaluate
+from gossip.tasks.base import (TASKS, BatchStream, Split, Task, create_task, evaluate,
+                               task_factory)
 from gossip.tasks.partition import SCHEMES, partition
-from gossip.tasks.user import task_factory
 
 # Imported for their registration side effect; they import sklearn lazily.
 from gossip.tasks import digits as _digits  # noqa: F401  isort: skip

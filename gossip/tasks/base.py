@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from gossip.errors import ConfigError
 from gossip.registry import Registry
+from gossip.tasks.user import import_factory
 
 # Factories take ``seed`` (keyword) and return a Task. Defined here rather than in
 # ``gossip.tasks.__init__`` so task modules can register without a circular import.
@@ -66,6 +67,16 @@ class Task:
     loss_fn: Callable = F.cross_entropy
 
 
+def task_factory(name: str) -> Callable:
+    """The factory of task ``name``: a registered name, or ``package.module:factory``.
+
+    Raises:
+        ConfigError: an unknown name (the message lists known tasks), or a path whose module
+            or factory cannot be had.
+    """
+    return import_factory(name) if ":" in name else TASKS.get(name)
+
+
 def create_task(name: str = "digits", *, seed: int = 0, **options) -> Task:
     """Build the task registered as ``name`` (or imported: ``package.module:factory``).
 
@@ -81,8 +92,6 @@ def create_task(name: str = "digits", *, seed: int = 0, **options) -> Task:
         ConfigError: ``name`` is not registered (the message lists known tasks), cannot be
             imported, an option is unknown, or the factory returned no Task.
     """
-    from gossip.tasks.user import task_factory
-
     factory = task_factory(name)
     try:
         task = factory(seed=seed, **options)

@@ -7,18 +7,14 @@ import importlib
 from collections.abc import Callable
 
 from gossip.errors import ConfigError
-from gossip.tasks.base import TASKS
 
 
-def task_factory(name: str) -> Callable:
-    """The factory of task ``name``: a registered name, or ``package.module:factory``.
+def import_factory(name: str) -> Callable:
+    """The factory ``package.module:factory`` names.
 
     Raises:
-        ConfigError: an unknown name, or a path whose module or factory cannot be had (one
-            line naming it).
+        ConfigError: its module or factory cannot be had (one line naming the path).
     """
-    if ":" not in name:
-        return TASKS.get(name)
     module_name, _, attribute = name.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"task {name!r}: expected package.module:factory")
