@@ -147,3 +147,40 @@ def test_overlap_with_a_strategy_that_ends_rounds_at_run_time_is_a_config_error(
     config = TrainConfig(overlap=True, bucket_mb=math.inf, task="deep-mlp",
                          task_options={"width": 32})
     assert TrainConfig.from_dict(config.to_dict()) == config
+
+
+# -- the experiment's table --------------------------------------------------------------
+
+
+def test_the_overlap_table_pairs_arms_and_applies_the_time_model(tmp_path):
+    import json
+
+    import yaml
+
+    from gossip.experiment.overlap import DROP, overlap_rows
+
+    def run(name, overlap, compute, comm, iter_s=None, exposed=None):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.yaml").write_text(yaml.safe_dump({"train": {"strategy": "dpsgd"}}))
+        lines = []
+        for rnd in range(DROP + 3):
+            line = {"round": rnd, "compute_s": compute if rnd >= DROP else 99.0,
+                    "comm_s": comm}
+            if overlap:
+                line.update(iter_s=iter_s, exposed_comm_s=exposed, comm_busy_s=comm,
+                            buckets=1)
+            lines.append(json.dumps(line))
+        (path / "peer-0.jsonl").write_text("\n".join(lines) + "\n")
+        return path
+
+    dirs = [run("g-sync-1", False, 0.3, 0.2), run("g-overlap-1", True, 0.3, 0.01, 0.35, 0.05),
+            run("g-sync-2", False, 0.3, 0.2), run("lonely-sync", False, 1.0, 1.0),
+            run("not-an-arm", False, 1.0, 1.0)]
+    (row,) = overlap_rows(dirs)
+    assert row["group"] == "g" and row["on"] == "params"
+    assert row["sync iter_s"] == pytest.approx(0.5)  # the first DROP rounds left out
+    assert row["speedup"] == pytest.approx(0.5 / 0.35)
+    assert row["predicted"] == pytest.approx(0.5 / 0.3)  # (C + M) / max(C, M)
+    assert row["hidden"] == pytest.approx((0.5 - 0.35) / 0.2)  # of min(C, M)
+    assert row["rounds"] == "6/3"
