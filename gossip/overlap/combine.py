@@ -39,6 +39,7 @@ class CombineThenAdapt:
         self.mixed = torch.empty_like(params.flat)
         self.enabled = True  # no_sync() changes nothing here: the mix starts once per round
         self._started = False
+        self.forwards = 0  # training forward passes since the last step
 
     def start(self) -> None:
         """Snapshot the parameters and queue their mixing (once per round)."""
@@ -53,15 +54,19 @@ class CombineThenAdapt:
     def count_forward(self, module, args) -> None:
         """Forward pre-hook: the round's first training forward starts the mix."""
         if module.training and torch.is_grad_enabled():
+            self.forwards += 1
             self.start()
 
     def finish(self, optimizer: torch.optim.Optimizer, minibatches: int | None) -> None:
         """Step locally (unless this peer finished no mini-batch), wait, add the step to
-        the mixed snapshot."""
+        the mixed snapshot. ``.grad`` is the sum over ``minibatches`` (default: the
+        training forwards since the last step)."""
         self.start()  # a round without a training forward mixes now, without overlap
+        if minibatches is None:
+            minibatches = max(self.forwards, 1)
         try:
             if minibatches != 0:
-                if minibatches not in (None, 1):
+                if minibatches != 1:
                     with torch.no_grad():
                         for p in self.params.layout.params:
                             if p.grad is not None:
@@ -69,7 +74,7 @@ class CombineThenAdapt:
                 optimizer.step()
             self.thread.wait()
         finally:
-            self._started = False
+            self._started, self.forwards = False, 0
         with torch.no_grad():
             self.params.bind().sub_(self.snapshot).add_(self.mixed)
 

@@ -58,6 +58,10 @@ class GradientOverlap:
         def hook(param: torch.Tensor) -> None:
             if not self.enabled:
                 return
+            if bucket < self._launched:  # its buffer is on the wire now
+                raise ConfigError("a second backward reached a gradient whose bucket was "
+                                  "already sent this step: run all but the last backward "
+                                  "of a step inside peer.no_sync()")
             self._ready[bucket] += 1
             while (self._launched < len(self.buckets)
                    and self._ready[self._launched] >= len(self.buckets[self._launched].indices)):

@@ -184,3 +184,28 @@ def test_the_overlap_table_pairs_arms_and_applies_the_time_model(tmp_path):
     assert row["predicted"] == pytest.approx(0.5 / 0.3)  # (C + M) / max(C, M)
     assert row["hidden"] == pytest.approx((0.5 - 0.35) / 0.2)  # of min(C, M)
     assert row["rounds"] == "6/3"
+
+
+def test_a_second_backward_into_a_sent_bucket_is_an_error_not_a_race():
+    from gossip.peer import Peer
+    from gossip.topology import Topology
+    from gossip.transport import LoopbackHub
+
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    transport = LoopbackHub(1).transport(0, timeout=5)
+    with Peer(0, Topology.generate("complete", 1), "ring-allreduce",
+              transport=transport) as peer:
+        peer.attach(model, bucket_mb=40 / MIB)  # a bucket per parameter
+        model(torch.ones(2, 5)).sum().backward()
+        with pytest.raises(ConfigError, match="inside peer.no_sync"):
+            model(torch.ones(2, 5)).sum().backward()
+        peer.step(model, optimizer)  # what was sent is waited for; the next step is clean
+        with peer.no_sync():
+            model(torch.ones(2, 5)).sum().backward()
+        model(torch.ones(2, 5)).sum().backward()
+        peer.step(model, optimizer, minibatches=2)
+        with pytest.raises(ConfigError, match=r"step\(minibatches=3\), but the attached "
+                                              r"model ran 1 training forward"):
+            model(torch.ones(2, 5)).sum().backward()
+            peer.step(model, optimizer, minibatches=3)
