@@ -291,7 +291,7 @@ class Peer:
                 exchange.
         """
         if self._overlap is not None:
-            self._overlap.step(optimizer, minibatches)
+            self._overlap.step(model, optimizer, minibatches)
             self.round += 1
             return
         minibatches = 1 if minibatches is None else minibatches

@@ -55,6 +55,9 @@ class Overlap:
                                        bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb)
                 strategies = [strategy] + [peer._add(_retagged(peer._build, b.index))
                                            for b in buckets[1:]]
+                if peer.send_delay:  # an emulated slow sender is slow in every bucket
+                    peer.transport.delay_sends(peer.send_delay,
+                                               [k for s in strategies for k in s.kinds])
                 self.mode = GradientOverlap(params, FlatGrads(layout), buckets, strategies,
                                             self.thread, functools.partial(_average, peer),
                                             current)
@@ -68,6 +71,7 @@ class Overlap:
         except BaseException:
             self.thread.close(timeout=1.0)
             raise
+        self.model = model
         self._pre_hook = model.register_forward_pre_hook(self.mode.count_forward)
 
     @property
@@ -83,7 +87,10 @@ class Overlap:
         finally:
             self.mode.enabled = before
 
-    def step(self, optimizer: torch.optim.Optimizer, minibatches: int | None) -> None:
+    def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             minibatches: int | None) -> None:
+        if model is not self.model:
+            raise ConfigError("peer.step got another model than the one attached")
         self.mode.finish(optimizer, minibatches)
 
     def state_dict(self) -> dict[str, Any]:
