@@ -1,19 +1,17 @@
-"""The overlap's command-line entry points as a user meets them."""
+"""The overlap's command-line entry points as a user meets them (in process: the command
+exits before any peer starts)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from click.testing import CliRunner
 
-import pytest
+from gossip.cli import main
 
 
-@pytest.mark.slow
 def test_a_bad_task_path_on_the_command_line_is_one_line_and_exit_1(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "gossip", "launch", "--task",
-                             "no_such_pkg.tasks:build", "--overlap"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1
+    result = CliRunner().invoke(main, ["launch", "--task", "no_such_pkg.tasks:build",
+                                       "--overlap", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.stderr
+    assert len(errors) == 1 and len(result.stderr.splitlines()) == 1, result.stderr
     assert "task 'no_such_pkg.tasks:build': cannot import no_such_pkg.tasks" in errors[0]
