@@ -40,6 +40,13 @@ class TrainConfig:
             peer restarted with ``--resume`` rejoins from it. Also makes every peer keep its
             last few messages per neighbour, to re-send them to a restarted one.
         delays: Injected compute, straggler and send delays (see gossip.faults).
+        task_options: Keyword arguments of the task's factory (e.g. ``width``, ``depth`` of
+            ``deep-mlp``).
+        layer_delay: Emulated device: seconds each layer of the model sleeps in forward
+            (twice that in backward), spread over the layers the way a GPU's compute is
+            (``gossip.tasks.emulated``); 0: off.
+        overlap: Overlap synchronization with computation (``Peer.attach``).
+        bucket_mb: With ``overlap``: gradient bucket size in MiB (``.inf``: one bucket).
     """
 
     strategy: str = ""  # empty: the default strategy (gossip.strategies.DEFAULT)
@@ -58,15 +65,19 @@ class TrainConfig:
     dead_after: float = 5.0
     checkpoint_every: int = 0
     delays: DelayConfig = field(default_factory=DelayConfig)
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+    layer_delay: float = 0.0
+    overlap: bool = False
+    bucket_mb: float = 4.0
 
     def __post_init__(self):
         from gossip.strategies import DEFAULT, STRATEGIES
-        from gossip.tasks import SCHEMES, TASKS
+        from gossip.tasks import SCHEMES, task_factory
 
         if not self.strategy:
             object.__setattr__(self, "strategy", DEFAULT)
         STRATEGIES.options(self.strategy, self.options)  # the name and every option checked
-        TASKS.get(self.task)
+        task_factory(self.task)
         _require(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
         _require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
         _require(self.minibatches >= 1, "minibatches", self.minibatches, "must be >= 1")
@@ -84,10 +95,18 @@ class TrainConfig:
                  "must be >= 0 (0: no checkpoints)")
         _require(isinstance(self.delays, DelayConfig), "delays", self.delays,
                  "must be a DelayConfig")
+        _require(isinstance(self.task_options, Mapping), "task_options", self.task_options,
+                 "must be a mapping")
+        _require(self.layer_delay >= 0, "layer_delay", self.layer_delay, "must be >= 0")
+        _require(isinstance(self.overlap, bool), "overlap", self.overlap, "must be true or false")
+        _require(self.bucket_mb > 0, "bucket_mb", self.bucket_mb, "must be > 0 (MiB)")
+        if self.overlap:
+            _check_overlap(self.strategy, self.options)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["options"] = dict(self.options)
+        data["task_options"] = dict(self.task_options)
         data["delays"] = self.delays.to_dict()
         return data
 
@@ -133,6 +152,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
+
+
+def _check_overlap(strategy: str, options: Mapping[str, Any]) -> None:
+    from gossip.overlap import refusal
+    from gossip.strategies import STRATEGIES
+
+    parsed = STRATEGIES.options(strategy, options)
+    why = refusal(STRATEGIES.strategy_class(strategy, parsed).capabilities_for(parsed))
+    _require(why is None, "overlap", True, f"with strategy {strategy}: {why}")
 
 
 def _require(ok: bool, name: str, value: Any, rule: str) -> None:

@@ -51,3 +51,8 @@ class RendezvousError(GossipError):
 
 class ProtocolError(GossipError):
     """A message broke the wire protocol (bad header, dtype, shape, size)."""
+
+
+class TransportBusy(GossipError):
+    """The transport was used while the communication thread of ``Peer.attach`` had it: it
+    is single-threaded, so nothing else may touch it until ``Peer.step`` has waited."""

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.utils import parameters_to_vector
 
 from gossip import keys
-from gossip.errors import ConfigError
-from gossip.model_vector import ModelVector, reset_optimizer_state
+from gossip.errors import ConfigError, TransportBusy
+from gossip.overlap import DEFAULT_BUCKET_MB, Overlap
 from gossip.rendezvous import Rendezvous
 from gossip.rendezvous.meet import meet, transport_args
+from gossip.stepping import LocalStep
 from gossip.strategies import DEFAULT, STRATEGIES, Strategy
 from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
 from gossip.transport import Transport, ZmqTransport
@@ -96,6 +98,8 @@ class Peer:
         self.keys = keys.for_rank(topology, rank, key_file) if transport is None else None
         self.strategy: Strategy | None = None
         self.round = 0  # next round used by step()
+        self._overlap: Overlap | None = None  # see attach()
+        self._local_step = LocalStep(self)  # step() without a model attached
 
     def __enter__(self) -> Peer:
         if self.transport is None and self.rendezvous is not None:
@@ -135,6 +139,9 @@ class Peer:
                 self.rendezvous.close(self.rank, self.topology.size, wait=exc_type is None)
 
     def _close(self, exc_type) -> None:
+        if self._overlap is not None:  # its thread ends before the goodbye (or the close)
+            self._overlap.close(timeout=None if exc_type is None else min(self.timeout, 5.0))
+            self._overlap = None
         if exc_type is None:
             with self.communicating():  # messages still arriving are decoded and checked
                 try:
@@ -167,6 +174,7 @@ class Peer:
         return self._add(STRATEGIES.resolve(strategy, options))
 
     def _add(self, build) -> Strategy:
+        self._check_transport_free("add a strategy")
         strategy = build(rank=self.rank, topology=self.topology, transport=self.transport)
         self.transport.accept_kinds(strategy.kinds,
                                     receiver_checks_finite=strategy.checks_own_result)
@@ -245,68 +253,106 @@ class Peer:
 
     def communicating(self):
         """Context for work on the communication path outside ``synchronize`` (another
-        strategy of this peer): torch runs it on ``comm_threads`` threads."""
+        strategy of this peer): torch runs it on ``comm_threads`` threads.
+
+        Raises:
+            TransportBusy: the communication thread of ``attach`` has work queued.
+        """
+        self._check_transport_free("use the transport")
         return intra_op_threads(self.comm_threads)
 
+    def _check_transport_free(self, what: str) -> None:
+        if self._overlap is not None and self._overlap.busy:
+            raise TransportBusy(f"rank {self.rank}: cannot {what} while the communication "
+                                f"thread synchronizes round {self.round} (call peer.step "
+                                f"first)")
+
+    # -- overlap ---------------------------------------------------------------------------
+
+    def attach(self, model: torch.nn.Module, *, bucket_mb: float = DEFAULT_BUCKET_MB,
+               first_bucket_mb: float = 1.0) -> None:
+        """Overlap ``model``'s synchronization with its computation from now on; then train
+        as usual (``loss.backward(); peer.step(model, optimizer)``).
+
+        Gradient strategies average buckets of about ``bucket_mb`` MiB (the first one
+        ``first_bucket_mb``; ``inf``: one bucket) on a communication thread as backward
+        produces them; parameter strategies mix the round's snapshot during forward and
+        backward and add the local step to it (combine-then-adapt). Until ``step`` has
+        waited for the thread, anything else that would use the transport raises
+        ``TransportBusy``. See docs/ARCHITECTURE.md, Overlap.
+
+        Raises:
+            ConfigError: the strategy decides its combine point at run time
+                (``nonblocking``), a bad bucket size, a model already attached, or its
+                parameters of several dtypes or devices.
+        """
+        if self.strategy is None:
+            raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+        if self._overlap is not None:
+            raise ConfigError(f"rank {self.rank}: a model is already attached to this peer")
+        self._overlap = Overlap(self, model, bucket_mb=bucket_mb,
+                                first_bucket_mb=first_bucket_mb)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Inside: backward accumulates gradients without synchronizing them (mini-batches
+        of one step; the last one's backward runs outside)."""
+        if self._overlap is None:
+            yield
+        else:
+            with self._overlap.no_sync():
+                yield
+
+    def overlap_metrics(self) -> dict[str, Any] | None:
+        """With a model attached: seconds waited in the last steps (``exposed_comm_s``), the
+        thread's busy seconds (``comm_busy_s``) and ``buckets``, reset by the call."""
+        return None if self._overlap is None else self._overlap.metrics()
+
+    def strategy_state(self) -> dict[str, Any]:
+        """The strategy state a checkpoint keeps (with a model attached: one per bucket)."""
+        if self._overlap is not None:
+            return self._overlap.state_dict()
+        return self.strategy.state_dict()
+
+    def load_strategy_state(self, state) -> None:
+        """Restore what ``strategy_state`` returned."""
+        if self._overlap is not None:
+            self._overlap.load_state_dict(state)
+        else:
+            self.strategy.load_state_dict(state)
+
     def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-             minibatches: int = 1) -> None:
+             minibatches: int | None = None) -> None:
         """One synchronized optimizer step.
 
         Gradient strategies average the gradients before ``optimizer.step()``; parameter
-        strategies step locally, then synchronize the parameters and floating-point buffers
-        (BatchNorm statistics) together; the strategy's ``round_plan`` may vary this per
-        round (local SGD: nothing between averages, gradients during a warm-up).
+        strategies step, then synchronize parameters and float buffers (``LocalStep``).
+        With a model attached (``attach``) this waits for the communication thread instead.
 
         Args:
             minibatches: ``.grad`` holds the sum of this many mini-batches' gradients (their
-                mean is the step direction). 0: this peer finished none this round (a
-                non-blocking strategy stopped it); it still takes part in the exchange.
+                mean is the step direction); default 1, or with a model attached the
+                training forward passes since the last step. 0: this peer finished none
+                this round (a non-blocking strategy stopped it); it still takes part in the
+                exchange.
         """
-        params = [p for p in model.parameters() if p.requires_grad]
-        plan = self.strategy.round_plan(self.round)
-        if plan.operates_on == "grads":
-            with self.communicating():  # flattening and copying back are ours too
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                total = parameters_to_vector(grads)
-                averaged = self._on_host(total, lambda x, out: self.strategy.average_gradients(
-                    x, minibatches, self.round, out=out))
-                for p, g in zip(params, _split_like(averaged, params)):
-                    if p.grad is None:
-                        p.grad = g.clone()
-                    else:
-                        p.grad.copy_(g)
-            optimizer.step()
-        else:
-            if minibatches:  # a peer that finished nothing keeps its parameters as they are
-                if minibatches != 1:
-                    with torch.no_grad():
-                        for p in params:
-                            if p.grad is not None:
-                                p.grad.mul_(1.0 / minibatches)
-                optimizer.step()
-            if plan.exchange:  # the parameters, float buffers and maybe the momentum
-                with torch.no_grad(), self.communicating():
-                    vector = ModelVector(model, optimizer,
-                                         momentum=plan.optimizer_state == "average")
-                    vector.assign(self.synchronize(vector.flatten(), self.round))
-                if plan.optimizer_state == "reset":
-                    reset_optimizer_state(optimizer)
+        if self._overlap is not None:
+            self._overlap.step(model, optimizer, minibatches)
+            self.round += 1
+            return
+        self._local_step(model, optimizer, 1 if minibatches is None else minibatches)
         self.round += 1
 
     def stop_requested(self, round: int) -> bool:
         """Whether to stop computing mini-batches of ``round`` now (``Strategy``)."""
+        if self._overlap is not None:  # overlapped strategies never stop rounds early
+            return False
         with self.communicating():  # it may read (and check) whatever messages wait
             return self.strategy.stop_requested(round)
 
     def computed_all(self, round: int) -> None:
         """Tell the strategy this peer computed every mini-batch of ``round``."""
-        with self.communicating():
-            self.strategy.computed_all(round)
+        if self._overlap is None:
+            with self.communicating():
+                self.strategy.computed_all(round)
 
-
-def _split_like(flat: torch.Tensor, params) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for p in params:
-        out.append(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
-    return out

@@ -9,13 +9,14 @@ from typing import Any
 
 
 _DEVICE_FIELDS = ("device_wait_s", "device_hold_s", "round_start_wall")
+OVERLAP_FIELDS = ("exposed_comm_s", "comm_busy_s", "iter_s", "buckets")
 
 
 @dataclass(frozen=True)
 class Record:
     """What one peer did in one round. The fields, in this order, are the keys of its JSONL
-    line; ``resumed_from``, ``lost_work`` and the device fields are written only when
-    set.
+    line; ``resumed_from``, ``lost_work``, the overlap and the device fields are written
+    only when set.
 
     Attributes:
         round: The round.
@@ -44,6 +45,12 @@ class Record:
         device_wait_s, device_hold_s, round_start_wall: Only with a shared device
             (``gossip.crossover``): seconds the compute phase waited for the device and held
             it, and the Unix time the round started.
+        exposed_comm_s: With ``overlap``: seconds the step waited for the communication
+            thread (the communication not hidden behind compute).
+        comm_busy_s: With ``overlap``: seconds the communication thread was busy.
+        iter_s: With ``overlap``: round start to after the optimizer step (no evaluation).
+        buckets: With ``overlap``: synchronizations per round (gradient buckets; 1 for
+            combine-then-adapt).
     """
 
     round: int
@@ -67,6 +74,10 @@ class Record:
     device_wait_s: float | None = None
     device_hold_s: float | None = None
     round_start_wall: float | None = None
+    exposed_comm_s: float | None = None
+    comm_busy_s: float | None = None
+    iter_s: float | None = None
+    buckets: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSONL line (``MetricsWriter.write`` turns NaN into null)."""
@@ -75,7 +86,7 @@ class Record:
             del line["resumed_from"]
         if not self.lost_work:
             del line["lost_work"]
-        for key in _DEVICE_FIELDS:
+        for key in (*OVERLAP_FIELDS, *_DEVICE_FIELDS):
             if line[key] is None:
                 del line[key]
         return line

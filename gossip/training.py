@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
 from gossip.records import Record, lines_before
 from gossip.tasks import BatchStream, create_task, evaluate, partition
+from gossip.tasks.emulated import emulate_device
 
 log = logging.getLogger("gossip.training")
 # torch's global RNG is shared by the threads of a process (peers run as threads in tests):
@@ -67,7 +69,7 @@ class Trainer:
         self.peer, self.config, self.clock = peer, config, peer.clock
         self.checkpoint_path = checkpoint_path
         self.metrics, self.on_round, self.on_minibatch = metrics, on_round, on_minibatch
-        self.task = create_task(config.task, seed=config.seed)
+        self.task = create_task(config.task, seed=config.seed, **config.task_options)
         if model is None:
             with _INIT_LOCK:
                 torch.manual_seed(config.seed)
@@ -81,6 +83,10 @@ class Trainer:
                                    seed=config.seed * 1000 + peer.rank)
         self.optimizer = torch.optim.SGD(model.parameters(), lr=config.lr,
                                          momentum=config.momentum)
+        if config.layer_delay:
+            emulate_device(model, config.layer_delay, self.clock.sleep)
+        if config.overlap:
+            peer.attach(model, bucket_mb=config.bucket_mb)
         self.delays = config.delays.for_rank(peer.rank, seed=config.seed)
         self.consensus = ConsensusProbe(peer, self.task)
         self.drawn = 0  # mini-batches computed so far: indexes this rank's straggler draws
@@ -134,10 +140,14 @@ class Trainer:
 
     def train_round(self, rnd: int) -> Record:
         """Compute, synchronize, record, and probe when it is time to."""
-        before = self.peer.stats
+        before, start = self.peer.stats, self.clock.monotonic()
         work = self.compute(rnd)
         comm_s = self.synchronize(rnd, work)
+        iter_s = self.clock.monotonic() - start
         record = self.record(rnd, work, comm_s, before=before, after=self.peer.stats)
+        overlap = self.peer.overlap_metrics()
+        if overlap is not None:
+            record = dataclasses.replace(record, iter_s=iter_s, **overlap)
         if rnd % self.config.eval_every == 0 or rnd == self.config.rounds - 1:
             consensus, avg_accuracy = self.probe(rnd)
             record = dataclasses.replace(record, consensus=consensus, avg_accuracy=avg_accuracy)
@@ -155,14 +165,16 @@ class Trainer:
         model.train()
         self.optimizer.zero_grad(set_to_none=False)
         done, loss_sum, slept = 0, 0.0, 0.0
-        for _ in range(self.config.minibatches):
+        for i in range(self.config.minibatches):
             # Checked only between mini-batches: a backward pass cannot be interrupted.
             if self.peer.stop_requested(rnd):
                 break
             x, y = self.batches.next()
             c0 = clock.monotonic()
-            loss = self.task.loss_fn(model(x), y)
-            loss.backward()
+            # With overlap, only the last mini-batch's backward synchronizes.
+            with self.peer.no_sync() if i < self.config.minibatches - 1 else nullcontext():
+                loss = self.task.loss_fn(model(x), y)
+                loss.backward()
             slept += self._inject_delay(clock.monotonic() - c0)
             done += 1
             loss_sum += loss.item()
@@ -207,7 +219,7 @@ class Trainer:
             "rank": self.peer.rank, "strategy": self.config.strategy, "task": self.config.task,
             "round": record.round + 1, "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "strategy_state": self.peer.strategy.state_dict(),
+            "strategy_state": self.peer.strategy_state(),
             "torch_rng": torch.get_rng_state(), "batches_drawn": self.drawn,
             "lost_peers": self.peer.lost_peers,
             "bytes": [record.bytes_sent, record.bytes_recv]})
@@ -238,7 +250,7 @@ class Trainer:
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-            peer.strategy.load_state_dict(state["strategy_state"])
+            peer.load_strategy_state(state["strategy_state"])
             torch.set_rng_state(state["torch_rng"])
         except (RuntimeError, KeyError, ValueError, TypeError) as exc:
             first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""

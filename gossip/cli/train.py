@@ -62,6 +62,16 @@ def _train_options(fn):
                           "(turns go by name)."),
         click.option("--config", "config_path", type=click.Path(dir_okay=False),
                      help="YAML with training settings (a run directory's config.yaml)."),
+        click.option("--task", help="Task: digits, deep-mlp, or package.module:factory."),
+        click.option("--task-option", "task_options", multiple=True, metavar="KEY=VALUE",
+                     help="Task factory option, repeatable (e.g. width=1024, depth=8)."),
+        click.option("--layer-delay", type=float, metavar="SECONDS",
+                     help="Emulated device: each layer sleeps this in forward, twice in "
+                          "backward."),
+        click.option("--overlap/--no-overlap", default=None,
+                     help="Overlap synchronization with forward/backward (Peer.attach)."),
+        click.option("--bucket-mb", type=float, metavar="MIB",
+                     help="With --overlap: gradient bucket size (default 4)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -70,7 +80,7 @@ def _train_options(fn):
 
 def _train_config(config_path, strategy_options, *, compute_delay=None, slowdown=(),
                   straggler_prob=None, straggler_mean=None, send_delay=(), delay_seed=None,
-                  arbiter=None, device=None, job=None, **flags):
+                  arbiter=None, device=None, job=None, task_options=(), **flags):
     from gossip.config import TrainConfig
 
     base = TrainConfig.from_yaml(config_path).to_dict() if config_path else {}
@@ -88,14 +98,19 @@ def _train_config(config_path, strategy_options, *, compute_delay=None, slowdown
         else:
             delays["send_delay"] = _rank_values("--send-delay", send_delay)
     base["delays"] = delays
-    options = dict(base.get("options") or {})
-    for item in strategy_options:
+    base["options"] = _key_values("--option", base.get("options"), strategy_options)
+    base["task_options"] = _key_values("--task-option", base.get("task_options"), task_options)
+    return TrainConfig.from_dict(base, source=config_path or "command line")
+
+
+def _key_values(flag: str, given, items) -> dict:
+    values = dict(given or {})
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--option {item!r}: expected KEY=VALUE")
-        options[key] = yaml.safe_load(value)
-    base["options"] = options
-    return TrainConfig.from_dict(base, source=config_path or "command line")
+            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
+        values[key] = yaml.safe_load(value)
+    return values
 
 
 def _float(flag: str, text: str) -> float:

@@ -10,6 +10,7 @@ import yaml
 
 from gossip.errors import ConfigError
 from gossip.experiment.analysis import format_rows, load_curve, run_dirs, summarize
+from gossip.experiment.overlap import overlap_rows
 from gossip.experiment.plots import plot_curves
 
 
@@ -47,10 +48,15 @@ def report(path: str | Path, *, target: float | None = None,
     title = spec.get("name") or path.name
     figures = plot_curves(curves, path, target=target, title=title, smooth=smooth)
     table = format_rows(rows)
+    summary = {"target_loss": target, "baselines": list(baselines), "smooth": smooth,
+               "runs": rows}
+    arms = overlap_rows(run_dirs(path))  # sync vs overlap pairs, if the runs have them
+    if arms:
+        summary["overlap"] = arms
+        table += "\n\nsync vs overlap (medians; time model: gossip/experiment/overlap.py)\n"
+        table += format_rows(arms)
     (path / "table.txt").write_text(table + "\n")
-    (path / "summary.json").write_text(json.dumps(
-        {"target_loss": target, "baselines": list(baselines), "smooth": smooth, "runs": rows},
-        indent=1))
+    (path / "summary.json").write_text(json.dumps(summary, indent=1))
     echo(table)
     echo("figures: " + ", ".join(str(f) for f in figures))
     return rows

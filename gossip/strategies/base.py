@@ -17,7 +17,7 @@ from gossip.transport import Message, Transport
 STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
 CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer",
-                "can_rejoin", "synchronous", "checks_own_result")
+                "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early")
 #: The strategy a peer runs when none is named.
 DEFAULT = "dpsgd"
 #: An exact all-reduce mean over every peer (the consensus probe measures with it).
@@ -73,6 +73,9 @@ class Strategy(ABC):
     #: ``synchronize`` raises on a NaN/Inf result itself, so the transport need not check
     #: every incoming frame of its kinds.
     checks_own_result: ClassVar[bool] = False
+    #: The strategy decides at run time when a round's computation ends (``stop_requested``
+    #: may say stop): its combine point is not known in advance, so it cannot be overlapped.
+    stops_rounds_early: ClassVar[bool] = False
 
     def __init__(self, *, rank: int, topology, transport: Transport,
                  options: Options | None = None):

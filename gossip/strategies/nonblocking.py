@@ -66,6 +66,7 @@ class NonBlocking(Strategy):
     stragglers stop stalling everyone (wraps an exact all-reduce or a gossip strategy)."""
 
     options_class = NonBlockingOptions
+    stops_rounds_early = True
 
     def __init__(self, *, rank, topology, transport, options: NonBlockingOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
@@ -84,7 +85,8 @@ class NonBlocking(Strategy):
     @classmethod
     def capabilities_for(cls, options: NonBlockingOptions) -> dict[str, Any]:
         inner = STRATEGIES.strategy_class(options.inner, options.inner_options)
-        return {**inner.capabilities_for(options.inner_options), "can_rejoin": False}
+        return {**inner.capabilities_for(options.inner_options), "can_rejoin": False,
+                "stops_rounds_early": True}
 
     @property
     def kinds(self) -> tuple[str, ...]:

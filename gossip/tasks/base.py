@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from gossip.errors import ConfigError
 from gossip.registry import Registry
+from gossip.tasks.user import import_factory
 
 # Factories take ``seed`` (keyword) and return a Task. Defined here rather than in
 # ``gossip.tasks.__init__`` so task modules can register without a circular import.
@@ -66,20 +67,40 @@ class Task:
     loss_fn: Callable = F.cross_entropy
 
 
-def create_task(name: str = "digits", *, seed: int = 0) -> Task:
-    """Build the task registered as ``name``.
+def task_factory(name: str) -> Callable:
+    """The factory of task ``name``: a registered name, or ``package.module:factory``.
+
+    Raises:
+        ConfigError: an unknown name (the message lists known tasks), or a path whose module
+            or factory cannot be had.
+    """
+    return import_factory(name) if ":" in name else TASKS.get(name)
+
+
+def create_task(name: str = "digits", *, seed: int = 0, **options) -> Task:
+    """Build the task registered as ``name`` (or imported: ``package.module:factory``).
 
     Args:
-        name: A name in :data:`TASKS`.
+        name: A name in :data:`TASKS`, or ``package.module:factory``.
         seed: Seeds the task's train/test split (not model initialisation).
+        **options: The factory's own options (e.g. ``width``, ``depth``).
 
     Returns:
         The task.
 
     Raises:
-        ConfigError: ``name`` is not registered (the message lists known tasks).
+        ConfigError: ``name`` is not registered (the message lists known tasks), cannot be
+            imported, an option is unknown, or the factory returned no Task.
     """
-    return TASKS.create(name, seed=seed)
+    factory = task_factory(name)
+    try:
+        task = factory(seed=seed, **options)
+    except TypeError as exc:
+        raise ConfigError(f"task {name!r}: {exc}") from None
+    if not isinstance(task, Task):
+        raise ConfigError(f"task {name!r}: the factory returned {type(task).__name__}, "
+                          f"not a gossip.tasks.Task")
+    return task
 
 
 class BatchStream:

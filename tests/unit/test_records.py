@@ -15,8 +15,9 @@ from gossip.records import Record, lines_before
 SCHEMA = ["round", "time", "wall", "loss", "accuracy", "bytes_sent", "bytes_recv", "compute_s",
           "delay_s", "comm_s", "wait_s", "minibatches", "samples", "consensus", "avg_accuracy",
           "lost_peers"]
-OPTIONAL = ["resumed_from", "lost_work",  # written only when set
-            "device_wait_s", "device_hold_s", "round_start_wall"]
+DEVICE = ["device_wait_s", "device_hold_s", "round_start_wall"]
+OVERLAP = ["exposed_comm_s", "comm_busy_s", "iter_s", "buckets"]
+OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP]  # written only when set
 
 
 def record(rnd: int = 3, **changes) -> Record:
@@ -36,8 +37,10 @@ def test_optional_fields_appear_only_when_set():
     assert list(record(resumed_from=10).as_dict()) == SCHEMA + ["resumed_from"]
     assert record(resumed_from=0).as_dict()["resumed_from"] == 0  # round 0 is a round
     assert list(record(lost_work=True).as_dict()) == SCHEMA + ["lost_work"]
+    overlapped = record(exposed_comm_s=0.0, comm_busy_s=0.5, iter_s=1.0, buckets=3)
+    assert list(overlapped.as_dict()) == SCHEMA + OVERLAP
     shared = record(device_wait_s=0.0, device_hold_s=0.1, round_start_wall=1.7e9).as_dict()
-    assert list(shared) == SCHEMA + OPTIONAL[2:] and shared["device_wait_s"] == 0.0
+    assert list(shared) == SCHEMA + DEVICE and shared["device_wait_s"] == 0.0
 
 
 @pytest.mark.parametrize("changes", [{}, {"resumed_from": 7},

@@ -10,21 +10,22 @@ import pytest
 from gossip.clock import ManualClock
 from gossip.config import TrainConfig
 from gossip.peer import Peer
-from gossip.records import Record
+from gossip.records import OVERLAP_FIELDS, Record
 from gossip.topology import Topology
 from gossip.training import Trainer, Work, train
 from gossip.transport import LoopbackHub
 
-OPTIONAL = ("resumed_from", "lost_work", "device_wait_s", "device_hold_s", "round_start_wall")
+OPTIONAL = ("resumed_from", "lost_work", *OVERLAP_FIELDS, "device_wait_s", "device_hold_s",
+            "round_start_wall")
 SCHEMA = [f.name for f in dataclasses.fields(Record) if f.name not in OPTIONAL]
 CONFIG = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 3, "batch_size": 16,
                                 "minibatches": 2, "eval_every": 2,
                                 "delays": {"compute": 0.25}})
 
 
-def virtual_peer(clock: ManualClock) -> Peer:
+def virtual_peer(clock: ManualClock, strategy: str = "dpsgd") -> Peer:
     transport = LoopbackHub(1).transport(0, clock=clock, timeout=10)
-    return Peer(0, Topology.generate("complete", 1), "dpsgd", transport=transport)
+    return Peer(0, Topology.generate("complete", 1), strategy, transport=transport)
 
 
 def test_train_writes_one_record_per_round_timed_on_the_peer_clock(tmp_path):
@@ -59,3 +60,24 @@ def test_each_phase_on_its_own():
         assert (record.round, record.consensus, record.resumed_from) == (0, None, None)
         assert record.loss == pytest.approx(work.loss_sum / 2)
         assert trainer.probe(0) == (0.0, record.accuracy)  # one peer: its own average
+
+
+def test_an_overlapped_round_records_its_metrics_and_checkpoints_every_bucket(tmp_path):
+    """Ring all-reduce of one peer over buckets, on an emulated device in virtual time."""
+    from gossip import checkpoint
+
+    config = TrainConfig.from_dict({
+        "strategy": "ring-allreduce", "rounds": 2, "batch_size": 8, "minibatches": 2,
+        "task": "deep-mlp", "task_options": {"width": 32, "depth": 4}, "layer_delay": 0.01,
+        "overlap": True, "bucket_mb": 0.005, "checkpoint_every": 2, "eval_every": 5})
+    clock, lines = ManualClock(), []
+    with virtual_peer(clock, "ring-allreduce") as peer:
+        train(peer, config, on_round=lines.append, checkpoint_path=tmp_path / "peer-0.ckpt")
+    for line in lines:
+        assert list(line) == SCHEMA + list(OVERLAP_FIELDS)
+        # 2 mini-batches x 4 layers x (10 ms forward + 20 ms backward), all virtual.
+        assert line["compute_s"] == pytest.approx(0.24)
+        assert line["iter_s"] == pytest.approx(0.24)
+        assert line["buckets"] == 4 and line["exposed_comm_s"] >= 0
+    state = checkpoint.load(tmp_path / "peer-0.ckpt")
+    assert len(state["strategy_state"]["buckets"]) == 4  # one entry per bucket
