@@ -41,14 +41,26 @@ def bench_allreduce(peers, size, reps, trials):
 
 @bench.command("gossip")
 @_bench_options
+@click.option("--compressor", help="Also time dpsgd with this compressor (CHOCO-Gossip), "
+                                   "e.g. topk; ratios are then to the dense dpsgd round.")
+@click.option("--density", type=float, help="The compressor's density (sparsifiers).")
 @fail_cleanly
-def bench_gossip(peers, size, reps, trials):
+def bench_gossip(peers, size, reps, trials, compressor, density):
     """One dpsgd round on a ring vs a bare zero-copy pyzmq exchange of the same bytes."""
     from gossip.bench import compare
 
     numel = parse_size(size)
+    if density is not None and compressor is None:
+        raise click.BadParameter("--density needs --compressor", param_hint="--density")
     click.echo(f"gossip round of {numel} float32 over {peers} local peers on a ring")
-    compare.gossip_round(peers, numel, reps=reps, trials=trials, echo=click.echo)
+    if compressor is None:
+        compare.gossip_round(peers, numel, reps=reps, trials=trials, echo=click.echo)
+        return
+    options = {"compressor": compressor}
+    if density is not None:
+        options["density"] = density
+    compare.compressed_gossip_round(peers, numel, options, reps=reps, trials=trials,
+                                    echo=click.echo)
 
 
 @bench.command("compress")
