@@ -9,6 +9,7 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from gossip import keys
+from gossip.device import HostStaging
 from gossip.errors import ConfigError
 from gossip.strategies import DEFAULT, STRATEGIES, Strategy
 from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
@@ -84,6 +85,7 @@ class Peer:
         self.keys = keys.for_rank(topology, rank, key_file) if transport is None else None
         self.strategy: Strategy | None = None
         self.round = 0  # next round used by step()
+        self._staging = HostStaging()  # device tensors' host buffers, kept across rounds
 
     def __enter__(self) -> Peer:
         if self.transport is None:
@@ -185,14 +187,10 @@ class Peer:
             return self._on_host(tensor.detach(), lambda x, out: self.strategy.synchronize(
                 x, round, out=out), out=out)
 
-    @staticmethod
-    def _on_host(x: torch.Tensor, run, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``run(x, out)`` on a contiguous CPU ``x``; a device tensor is staged through host
-        memory and the result comes back on its device."""
-        if x.device.type != "cpu":
-            result = run(x.cpu().contiguous(), None)
-            return result.to(x.device) if out is None else out.copy_(result)
-        return run(x.contiguous(), out)
+    def _on_host(self, x: torch.Tensor, run, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``run(x, out)`` on a contiguous CPU ``x``; a device tensor is staged through a
+        host buffer kept for the next rounds and the result comes back on its device."""
+        return self._staging.run(x, run, out)
 
     def communicating(self):
         """Context for work on the communication path outside ``synchronize`` (another
