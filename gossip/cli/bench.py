@@ -123,6 +123,33 @@ def bench_sparse(peers, size, density, reps, warmup, indices, only, netns, rate)
     click.echo(sparse.phase_table(results))
 
 
+@bench.command("gpu")
+@click.option("--sizes", default="1,4,16,64,256,512", show_default=True,
+              help="Copy sizes in MB for the bandwidth part (a).")
+@click.option("--size", default="25M", show_default=True,
+              help="float32 elements of the top-k (c) and all-reduce (d) parts.")
+@click.option("--density", type=float, default=0.01, show_default=True)
+@click.option("--peers", type=int, default=4, show_default=True,
+              help="Peers sharing the GPU in part (d).")
+@click.option("--exchange-mb", type=int, default=256, show_default=True,
+              help="MB sent device to device in part (b).")
+@click.option("--reps", type=int, default=5, show_default=True,
+              help="Timed repetitions (median taken).")
+@fail_cleanly
+def bench_gpu(sizes, size, density, peers, exchange_mb, reps):
+    """Device tensors through host memory: copies, a pipelined exchange, device top-k and
+    all-reduces of CUDA tensors vs gloo, each next to its physical bound. Needs CUDA."""
+    from gossip.bench import gpu
+
+    try:
+        sizes_mb = [int(s) for s in sizes.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{sizes!r} is not a comma list of MB", param_hint="--sizes") \
+            from None
+    gpu.run(sizes_mb=sizes_mb, numel=parse_size(size), density=density, peers=peers,
+            reps=reps, exchange_mb=exchange_mb, echo=click.echo)
+
+
 @bench.command("soak")
 @click.option("--peers", type=int, default=8, show_default=True)
 @click.option("--size", default="1M", show_default=True, help="float32 elements per peer.")
