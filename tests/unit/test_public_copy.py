@@ -1,0 +1,52 @@
+"""CHOCO's state updated at the touched indices only equals, bit for bit, the full
+recomputation it replaces (add_to on both copies, then mixed - public everywhere)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gossip.compress import create
+from gossip.strategies.gossip.public_copy import PublicCopy
+
+
+@pytest.mark.parametrize("name, options", [
+    ("topk", {"density": 0.03}), ("topk", {"density": 0.1, "values": "fp16"}),
+    ("randomk", {"density": 0.05}), ("threshold", {"threshold": 0.8}), ("qsgd", {}),
+    ("sign", {}),
+])
+def test_public_copy_matches_the_full_recomputation(name, options):
+    compressor = create(name, **options)
+    gen = torch.Generator().manual_seed(7)
+    n, weights = 2003, (0.4, 0.35, 0.25)  # self, then two neighbours
+    state = PublicCopy(torch.zeros(n))
+    public, mixed = torch.zeros(n), torch.zeros(n)
+    x = torch.randn(n, generator=gen)
+    for rnd in range(6):
+        payload, own = state.compress(compressor, x, key="k", round=rnd)
+        reference = compressor.compress(x - public, key="k", round=rnd)
+        assert [b.tolist() for b in payload.buffers] == [b.tolist() for b in reference.buffers]
+        if own is not None:  # what unpack would decode, without decoding
+            decoded = compressor.unpack(payload)
+            assert torch.equal(own.indices, decoded.indices)
+            assert torch.equal(own.values, decoded.values)
+        state.add_own(compressor, payload, own, self_weight=weights[0], scale=1.0)
+        compressor.add_to(reference, public, alpha=1.0)
+        compressor.add_to(reference, mixed, alpha=weights[0])
+        for j, weight in enumerate(weights[1:]):
+            theirs = compressor.compress(torch.randn(n, generator=gen), key=f"n{j}", round=rnd)
+            state.add_neighbour(compressor, theirs, weight=weight, scale=1.0)
+            compressor.add_to(theirs, mixed, alpha=weight)
+        assert torch.equal(state.public, public) and torch.equal(state.mixed, mixed)
+        assert torch.equal(state.step(), mixed - public)
+        x = x + 0.3 * torch.randn(n, generator=gen)
+
+
+def test_a_payload_for_another_length_is_refused():
+    from gossip.errors import ProtocolError
+
+    compressor = create("topk", density=0.1)
+    state = PublicCopy(torch.zeros(50))
+    with pytest.raises(ProtocolError, match="60 elements but out has 50"):
+        state.add_neighbour(compressor, compressor.compress(torch.randn(60)), weight=0.5,
+                            scale=1.0)
