@@ -16,6 +16,8 @@ from gossip.compress import Compressor, Payload
 from gossip.compress.base import check_out
 from gossip.compress.sparse import Sparse
 
+_NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+
 
 class PublicCopy:
     """x̂_i, s_i and s_i - x̂_i of one flat tensor, plus the reused difference buffer."""
@@ -69,4 +71,14 @@ class PublicCopy:
         idx = sparse.indices.to(target.device)
         # The same scatter-add as SparseCompressor.add_to, then gap refreshed where it acted.
         target.index_add_(0, idx, sparse.values.to(target.device, target.dtype), alpha=alpha)
-        self.gap[idx] = self.mixed[idx] - self.public[idx]
+        self._refresh(idx)
+
+    def _refresh(self, idx: torch.Tensor) -> None:
+        """gap = mixed - public at ``idx``: numpy's gather/scatter on the CPU (about 10x
+        faster than torch's advanced indexing for 10k indices), torch's elsewhere."""
+        if self.gap.device.type == "cpu" and self.gap.dtype in _NUMPY_DTYPES:
+            at = idx.numpy()
+            self.gap.numpy()[at] = self.mixed.numpy()[at] - self.public.numpy()[at]
+            return
+        self.gap.index_copy_(0, idx, torch.index_select(self.mixed, 0, idx).sub_(
+            torch.index_select(self.public, 0, idx)))
