@@ -1,5 +1,5 @@
-"""CHOCO's state updated at the touched indices only equals, bit for bit, the full
-recomputation it replaces (add_to on both copies, then mixed - public everywhere)."""
+"""CHOCO's state and fused step equal, bit for bit, the full recomputation they replace
+(add_to on both copies, then x + gamma (mixed - public) over whole tensors)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gossip.compress import create
+from gossip.strategies.gossip import public_copy
 from gossip.strategies.gossip.public_copy import PublicCopy
 
 
@@ -15,11 +16,12 @@ from gossip.strategies.gossip.public_copy import PublicCopy
     ("randomk", {"density": 0.05}), ("threshold", {"threshold": 0.8}), ("qsgd", {}),
     ("sign", {}),
 ])
-def test_public_copy_matches_the_full_recomputation(name, options):
+def test_public_copy_matches_the_full_recomputation(name, options, monkeypatch):
+    monkeypatch.setattr(public_copy, "CHUNK", 256)  # several chunks, the last one short
     compressor = create(name, **options)
     gen = torch.Generator().manual_seed(7)
     n, weights = 2003, (0.4, 0.35, 0.25)  # self, then two neighbours
-    state = PublicCopy(torch.zeros(n))
+    state = public_copy.PublicCopy(torch.zeros(n))
     public, mixed = torch.zeros(n), torch.zeros(n)
     x = torch.randn(n, generator=gen)
     for rnd in range(6):
@@ -38,7 +40,9 @@ def test_public_copy_matches_the_full_recomputation(name, options):
             state.add_neighbour(compressor, theirs, weight=weight, scale=1.0)
             compressor.add_to(theirs, mixed, alpha=weight)
         assert torch.equal(state.public, public) and torch.equal(state.mixed, mixed)
-        assert torch.equal(state.step(), mixed - public)
+        expected = torch.add(x, torch.sub(mixed, public), alpha=0.3)
+        x = state.step_into(x, 0.3, x)  # in place, as synchronize(x, out=x) does
+        assert torch.equal(x, expected)
         x = x + 0.3 * torch.randn(n, generator=gen)
 
 
@@ -50,3 +54,11 @@ def test_a_payload_for_another_length_is_refused():
     with pytest.raises(ProtocolError, match="60 elements but out has 50"):
         state.add_neighbour(compressor, compressor.compress(torch.randn(60)), weight=0.5,
                             scale=1.0)
+
+
+def test_the_fused_step_equals_the_whole_tensor_ops_at_full_chunk_size():
+    gen = torch.Generator().manual_seed(2)
+    x, public, mixed = (torch.randn(3 * public_copy.CHUNK + 7, generator=gen) for _ in range(3))
+    state = PublicCopy(x, public=public, mixed=mixed)
+    expected = torch.add(x, torch.sub(mixed, public), alpha=0.017)
+    assert torch.equal(state.step_into(x, 0.017, torch.empty_like(x)), expected)

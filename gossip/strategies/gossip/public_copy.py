@@ -1,11 +1,12 @@
-"""CHOCO's state in the memory-efficient form, updated where the payloads touch it.
+"""CHOCO's state in the memory-efficient form, and the round's passes over it fused.
 
 x̂_i (``public``) and s_i = sum_j w_ij x̂_j (``mixed``) change only where a payload has
-entries, so a sparsifier's round touches about k of their d entries. The consensus step
-needs s_i - x̂_i everywhere; recomputing it costs a full pass (and a d-sized temporary) every
-round, so ``gap`` keeps it instead, refreshed only at the touched indices. Elementwise
-subtraction rounds the same wherever it runs, so ``gap`` is bit for bit ``mixed - public``.
-Dense payloads (quantizers, casts) touch everything: then one full subtraction at the end.
+entries. The round then needs x_i + gamma (s_i - x̂_i) everywhere; computed whole, that is
+two passes over the model and a model-sized temporary. ``step_into`` runs the same two
+elementwise ops on cache-sized chunks instead: one pass, no temporary, and bit for bit the
+same result (elementwise ops round the same whatever the chunking). The difference x_i - x̂_i
+that is compressed goes into a buffer kept across rounds; a sparsifier's own payload is
+applied from its selection, without decoding the indices it just encoded.
 """
 
 from __future__ import annotations
@@ -13,31 +14,26 @@ from __future__ import annotations
 import torch
 
 from gossip.compress import Compressor, Payload
-from gossip.compress.base import check_out
 from gossip.compress.sparse import Sparse
 
-_NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+#: Elements per chunk of the fused step: 3 x 256 KiB of float32 stay in a core's L2.
+CHUNK = 1 << 16
 
 
 class PublicCopy:
-    """x̂_i, s_i and s_i - x̂_i of one flat tensor, plus the reused difference buffer."""
+    """x̂_i and s_i of one flat tensor, plus the reused difference buffer."""
 
     def __init__(self, like: torch.Tensor, *, public: torch.Tensor | None = None,
                  mixed: torch.Tensor | None = None):
         self.public = torch.zeros_like(like) if public is None else public
         self.mixed = torch.zeros_like(like) if mixed is None else mixed
-        self.gap = torch.sub(self.mixed, self.public)
         self.difference = torch.empty_like(like)  # x_i - x̂_i, reused every round
-        self._stale = False  # a dense payload changed mixed or public everywhere
-
-    def difference_to(self, flat: torch.Tensor) -> torch.Tensor:
-        """x_i - x̂_i, into the reused buffer (valid until the next call)."""
-        return torch.sub(flat, self.public, out=self.difference)
+        self._gap = torch.empty(min(CHUNK, like.numel()), dtype=like.dtype, device=like.device)
 
     def compress(self, compressor: Compressor, flat: torch.Tensor, *, key: str,
                  round: int) -> tuple[Payload, Sparse | None]:
         """The payload of Q(x_i - x̂_i) and, for a sparsifier, its decoded form."""
-        diff = self.difference_to(flat)
+        diff = torch.sub(flat, self.public, out=self.difference)
         if compressor.sparse:
             return compressor.compress_unpacked(diff, key=key, round=round)  # type: ignore
         return compressor.compress(diff, key=key, round=round), None
@@ -45,40 +41,25 @@ class PublicCopy:
     def add_own(self, compressor: Compressor, payload: Payload, sparse: Sparse | None, *,
                 self_weight: float, scale: float) -> None:
         """Apply our own payload: x̂_i += Q, s_i += w_ii Q (as the neighbours apply it)."""
-        self._add(compressor, payload, sparse, self.public, scale)
-        self._add(compressor, payload, sparse, self.mixed, self_weight * scale)
+        for target, weight in ((self.public, 1.0), (self.mixed, self_weight)):
+            if sparse is None:
+                compressor.add_to(payload, target, alpha=weight * scale)
+            else:  # SparseCompressor.add_to's scatter-add, from the selection
+                target.index_add_(0, sparse.indices.to(target.device),
+                                  sparse.values.to(target.device, target.dtype),
+                                  alpha=weight * scale)
 
     def add_neighbour(self, compressor: Compressor, payload: Payload, *, weight: float,
                       scale: float) -> None:
         """s_i += w_ij Q_j for a neighbour's payload (validated: ProtocolError if bad)."""
-        sparse = compressor.unpack(payload) if compressor.sparse else None  # type: ignore
-        self._add(compressor, payload, sparse, self.mixed, weight * scale)
+        compressor.add_to(payload, self.mixed, alpha=weight * scale)
 
-    def step(self) -> torch.Tensor:
-        """s_i - x̂_i after this round's payloads."""
-        if self._stale:
-            torch.sub(self.mixed, self.public, out=self.gap)
-            self._stale = False
-        return self.gap
-
-    def _add(self, compressor: Compressor, payload: Payload, sparse: Sparse | None,
-             target: torch.Tensor, alpha: float) -> None:
-        if sparse is None:
-            compressor.add_to(payload, target, alpha=alpha)
-            self._stale = True
-            return
-        check_out(target, sparse.header.numel)
-        idx = sparse.indices.to(target.device)
-        # The same scatter-add as SparseCompressor.add_to, then gap refreshed where it acted.
-        target.index_add_(0, idx, sparse.values.to(target.device, target.dtype), alpha=alpha)
-        self._refresh(idx)
-
-    def _refresh(self, idx: torch.Tensor) -> None:
-        """gap = mixed - public at ``idx``: numpy's gather/scatter on the CPU (about 10x
-        faster than torch's advanced indexing for 10k indices), torch's elsewhere."""
-        if self.gap.device.type == "cpu" and self.gap.dtype in _NUMPY_DTYPES:
-            at = idx.numpy()
-            self.gap.numpy()[at] = self.mixed.numpy()[at] - self.public.numpy()[at]
-            return
-        self.gap.index_copy_(0, idx, torch.index_select(self.mixed, 0, idx).sub_(
-            torch.index_select(self.public, 0, idx)))
+    def step_into(self, flat: torch.Tensor, gamma: float, dest: torch.Tensor) -> torch.Tensor:
+        """dest = x_i + gamma (s_i - x̂_i), chunk by chunk (``dest`` may be ``flat``)."""
+        mixed, public, gap = self.mixed, self.public, self._gap
+        for lo in range(0, flat.numel(), CHUNK):
+            hi = min(lo + CHUNK, flat.numel())
+            part = gap[:hi - lo]
+            torch.sub(mixed[lo:hi], public[lo:hi], out=part)
+            torch.add(flat[lo:hi], part, alpha=gamma, out=dest[lo:hi])
+        return dest
