@@ -15,13 +15,12 @@ tiny sizes); the command refuses to run without CUDA.
 from __future__ import annotations
 
 import shutil
-import statistics
 import subprocess
-import time
-from collections.abc import Callable
 
 import torch
 
+from gossip.bench import gpu_ranks
+from gossip.bench.gpu_ranks import timed
 from gossip.bench.harness import format_table
 from gossip.device import CudaCopier, copier_for
 from gossip.errors import GossipError
@@ -37,25 +36,6 @@ def require_cuda() -> torch.device:
         raise GossipError("gossip bench gpu needs a CUDA device: torch.cuda.is_available() "
                           "is False here, nothing measured")
     return torch.device("cuda", torch.cuda.current_device())
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device's queued work (nothing to wait for on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    """Median seconds of ``fn()`` to completion on ``device`` (one untimed warm-up)."""
-    fn()
-    sync(device)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def pcie_link(device: torch.device) -> tuple[str, float | None]:
@@ -102,7 +82,6 @@ def bandwidth(device: torch.device, sizes_mb: list[int], *, reps: int = 5,
         if bound:
             row["best / bound"] = max(v for k, v in row.items() if k != "MB") / bound
         rows.append(row)
-        del x, host
     echo(format_table(rows, list(rows[0])))
     return rows
 
@@ -133,8 +112,6 @@ def device_topk(device: torch.device, numel: int, density: float, *, reps: int =
 def run(*, sizes_mb: list[int], numel: int, density: float, peers: int, reps: int,
         exchange_mb: int, echo=print, device: torch.device | None = None) -> dict:
     """Every part in turn; ``device`` defaults to the CUDA one (GossipError without)."""
-    from gossip.bench import gpu_ranks
-
     device = device or require_cuda()
     if device.type == "cuda":
         echo(f"device: {torch.cuda.get_device_name(device)}")

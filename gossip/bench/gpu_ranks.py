@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing import get_context
 
@@ -22,6 +23,25 @@ from gossip.netutil import free_ports
 _HOST = "127.0.0.1"
 _PIECE_BYTES = 4 << 20
 _TIMEOUT = 600.0
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    """Median seconds of ``fn()`` to completion on ``device`` (one untimed warm-up)."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def exchange(device: torch.device, numel: int, *, reps: int, echo=print) -> dict[str, float]:
@@ -42,7 +62,6 @@ def exchange(device: torch.device, numel: int, *, reps: int, echo=print) -> dict
 
 
 def _exchange_rank(rank, world, device, ports, numel, reps, barrier) -> dict[str, float]:
-    from gossip.bench.gpu import sync
     from gossip.device import HostPool, copier_for
     from gossip.device.exchange import recv_device, send_device
     from gossip.peer import Peer
@@ -81,8 +100,6 @@ def _exchange_rank(rank, world, device, ports, numel, reps, barrier) -> dict[str
         legs = {}
         for kind, name in (("bench.whole", "socket"), ("bench.piece", "pipelined")):
             legs[name] = statistics.median(once(kind, r) for r in range(reps + 1))
-        from gossip.bench.gpu import timed
-
         if rank == 0:
             legs["D2H"] = timed(lambda: host.copy_(x), device, reps)
             return {k: legs[k] for k in ("pipelined", "D2H", "socket")}
@@ -114,7 +131,6 @@ def allreduce(device: torch.device, peers: int, numel: int, *, reps: int, echo=p
 def _allreduce_rank(rank, world, device, ports, numel, reps, barrier) -> dict[str, list]:
     import torch.distributed as dist
 
-    from gossip.bench.gpu import sync
     from gossip.device import HostStaging
     from gossip.peer import Peer
     from gossip.topology import Topology
