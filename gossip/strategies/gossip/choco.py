@@ -43,7 +43,7 @@ class ChocoGossip(Strategy):
                                                           mixing.weights)
         self.compressor = self.options.compressor
         self.gamma = self.options.gamma
-        self._state: PublicCopy | None = None  # x̂_i, s_i and their difference
+        self._state: PublicCopy | None = None  # x̂_i, s_i and the buffers reused each round
 
     @property
     def kinds(self) -> tuple[str, ...]:
