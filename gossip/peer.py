@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from gossip import keys
+from gossip.device import HostStaging
 from gossip.errors import ConfigError, TransportBusy
 from gossip.overlap import DEFAULT_BUCKET_MB, Overlap
 from gossip.rendezvous import Rendezvous
@@ -100,6 +101,7 @@ class Peer:
         self.round = 0  # next round used by step()
         self._overlap: Overlap | None = None  # see attach()
         self._local_step = LocalStep(self)  # step() without a model attached
+        self._staging = HostStaging()  # device tensors' host buffers, kept across rounds
 
     def __enter__(self) -> Peer:
         if self.transport is None and self.rendezvous is not None:
@@ -242,14 +244,10 @@ class Peer:
             return self._on_host(tensor.detach(), lambda x, out: self.strategy.synchronize(
                 x, round, out=out), out=out)
 
-    @staticmethod
-    def _on_host(x: torch.Tensor, run, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``run(x, out)`` on a contiguous CPU ``x``; a device tensor is staged through host
-        memory and the result comes back on its device."""
-        if x.device.type != "cpu":
-            result = run(x.cpu().contiguous(), None)
-            return result.to(x.device) if out is None else out.copy_(result)
-        return run(x.contiguous(), out)
+    def _on_host(self, x: torch.Tensor, run, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``run(x, out)`` on a contiguous CPU ``x``; a device tensor is staged through a
+        host buffer kept for the next rounds and the result comes back on its device."""
+        return self._staging.run(x, run, out)
 
     def communicating(self):
         """Context for work on the communication path outside ``synchronize`` (another

@@ -61,3 +61,13 @@ def gossip_round(peers: int, numel: int, *, reps: int, trials: int, echo=print) 
         "gossip dpsgd (torch's default threads)": lambda: strategy_times(
             "dpsgd", peers, numel, reps=reps, threads=None),
     }, trials=trials, baseline="bare pyzmq exchange", echo=echo)
+
+
+def compressed_gossip_round(peers: int, numel: int, options: dict, *, reps: int, trials: int,
+                            echo=print) -> dict[str, float]:
+    """One CHOCO-Gossip round (dpsgd with a compressor) vs the dense dpsgd round, same ring."""
+    label = "gossip dpsgd + " + ", ".join(f"{k}={v}" for k, v in options.items())
+    return compare({
+        "gossip dpsgd": lambda: strategy_times("dpsgd", peers, numel, reps=reps),
+        label: lambda: strategy_times("dpsgd", peers, numel, reps=reps, options=options),
+    }, trials=trials, baseline="gossip dpsgd", echo=echo)

@@ -41,14 +41,26 @@ def bench_allreduce(peers, size, reps, trials):
 
 @bench.command("gossip")
 @_bench_options
+@click.option("--compressor", help="Also time dpsgd with this compressor (CHOCO-Gossip), "
+                                   "e.g. topk; ratios are then to the dense dpsgd round.")
+@click.option("--density", type=float, help="The compressor's density (sparsifiers).")
 @fail_cleanly
-def bench_gossip(peers, size, reps, trials):
+def bench_gossip(peers, size, reps, trials, compressor, density):
     """One dpsgd round on a ring vs a bare zero-copy pyzmq exchange of the same bytes."""
     from gossip.bench import compare
 
     numel = parse_size(size)
+    if density is not None and compressor is None:
+        raise click.BadParameter("--density needs --compressor", param_hint="--density")
     click.echo(f"gossip round of {numel} float32 over {peers} local peers on a ring")
-    compare.gossip_round(peers, numel, reps=reps, trials=trials, echo=click.echo)
+    if compressor is None:
+        compare.gossip_round(peers, numel, reps=reps, trials=trials, echo=click.echo)
+        return
+    options = {"compressor": compressor}
+    if density is not None:
+        options["density"] = density
+    compare.compressed_gossip_round(peers, numel, options, reps=reps, trials=trials,
+                                    echo=click.echo)
 
 
 @bench.command("compress")
@@ -109,6 +121,33 @@ def bench_sparse(peers, size, density, reps, warmup, indices, only, netns, rate)
     click.echo(sparse.time_table(results))
     click.echo("\nwhere the sparse strategies' time goes (ms, mean over peers of medians):")
     click.echo(sparse.phase_table(results))
+
+
+@bench.command("gpu")
+@click.option("--sizes", default="1,4,16,64,256,512", show_default=True,
+              help="Copy sizes in MB for the bandwidth part (a).")
+@click.option("--size", default="25M", show_default=True,
+              help="float32 elements of the top-k (c) and all-reduce (d) parts.")
+@click.option("--density", type=float, default=0.01, show_default=True)
+@click.option("--peers", type=int, default=4, show_default=True,
+              help="Peers sharing the GPU in part (d).")
+@click.option("--exchange-mb", type=int, default=256, show_default=True,
+              help="MB sent device to device in part (b).")
+@click.option("--reps", type=int, default=5, show_default=True,
+              help="Timed repetitions (median taken).")
+@fail_cleanly
+def bench_gpu(sizes, size, density, peers, exchange_mb, reps):
+    """Device tensors through host memory: copies, a pipelined exchange, device top-k and
+    all-reduces of CUDA tensors vs gloo, each next to its physical bound. Needs CUDA."""
+    from gossip.bench import gpu
+
+    try:
+        sizes_mb = [int(s) for s in sizes.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{sizes!r} is not a comma list of MB", param_hint="--sizes") \
+            from None
+    gpu.run(sizes_mb=sizes_mb, numel=parse_size(size), density=density, peers=peers,
+            reps=reps, exchange_mb=exchange_mb, echo=click.echo)
 
 
 @bench.command("soak")

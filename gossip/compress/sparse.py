@@ -83,6 +83,12 @@ class SparseCompressor(Compressor):
         return 1.0
 
     def compress(self, x: torch.Tensor, *, key: str = "", round: int = 0) -> Payload:
+        return self.compress_unpacked(x, key=key, round=round)[0]
+
+    def compress_unpacked(self, x: torch.Tensor, *, key: str = "",
+                          round: int = 0) -> tuple[Payload, Sparse]:
+        """``compress(x)`` and what ``unpack`` would return of it, without decoding it: a
+        sender that applies its own payload (CHOCO) skips the index decoding."""
         flat = flatten(x)
         idx, values = self.select(flat, key=key, round=round)
         scale = self.value_scale(idx.numel(), flat.numel())
@@ -94,7 +100,9 @@ class SparseCompressor(Compressor):
         meta["v"] = _DTYPE_NAMES[wire]
         extra_meta, extra = self.pack_support(idx, flat.numel(), key=key, round=round)
         meta.update(extra_meta)
-        return Payload(meta, (values.to(wire).cpu().contiguous(), *extra))
+        sent = values.to(wire).cpu().contiguous()
+        head = Header(flat.numel(), flat.dtype, tuple(x.shape))
+        return Payload(meta, (sent, *extra)), Sparse(head, idx.cpu(), sent)
 
     def unpack(self, p: Payload) -> Sparse:
         """Validate ``p`` and return its header, indices and values."""

@@ -44,6 +44,12 @@ class Wrapper(Compressor):
             raise TypeError(f"{self.inner!r} is not a sparsifier")
         return self.inner.unpack(p)  # type: ignore[attr-defined]
 
+    def compress_unpacked(self, x: torch.Tensor, *, key: str = "",
+                          round: int = 0) -> tuple[Payload, Sparse]:
+        """``compress`` and its decoded form (sparsifiers only, see SparseCompressor)."""
+        payload = self.compress(x, key=key, round=round)
+        return payload, self.unpack(payload)
+
     def quality(self, numel: int) -> float:
         return self.inner.quality(numel)
 

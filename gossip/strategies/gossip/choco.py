@@ -20,6 +20,7 @@ from gossip.strategies.base import Strategy
 from gossip.strategies.gossip.compression import default_gamma, shrink
 from gossip.strategies.gossip.neighbourhood import Neighbourhood
 from gossip.strategies.gossip.options import DPSGDOptions
+from gossip.strategies.gossip.public_copy import PublicCopy
 from gossip.transport import Message
 
 
@@ -42,8 +43,7 @@ class ChocoGossip(Strategy):
                                                           mixing.weights)
         self.compressor = self.options.compressor
         self.gamma = self.options.gamma
-        self.public: torch.Tensor | None = None  # x̂_i
-        self.mixed: torch.Tensor | None = None  # s_i = sum_j w_ij x̂_j
+        self._state: PublicCopy | None = None  # x̂_i, s_i and the buffers reused each round
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -52,14 +52,15 @@ class ChocoGossip(Strategy):
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
         flat, dest = x.reshape(-1), self._output(x, out)
-        self._ensure_state(flat)
-        payload = self.compressor.compress(flat - self.public, key=self.tag, round=round)
+        state = self._ensure_state(flat)
+        payload, own = state.compress(self.compressor, flat, key=self.tag, round=round)
         msg = Message(kind=self.tag, round=round, meta=dict(payload.meta),
                       buffers=payload.buffers)
-        sent = [self.transport.send(j, msg) for j in self.neighbors]
+        # Tracked: a cast payload may be a view of the difference buffer reused next round.
+        sent = [self.transport.send(j, msg, track=True) for j in self.neighbors]
         # Apply our own payload exactly as the neighbours do, so their replicas stay equal.
-        self._apply(payload, self.public, 1.0)
-        self._apply(payload, self.mixed, self.self_weight)
+        state.add_own(self.compressor, payload, own, self_weight=self.self_weight,
+                      scale=self._shrink)
         for j in self.neighbors:  # fixed order: deterministic floating-point sums
             try:
                 reply = self.transport.recv(src=j, kind=self.tag, round=round)
@@ -70,20 +71,29 @@ class ChocoGossip(Strategy):
                                f"neighbours' public copies and cannot drop peer {exc.rank}: "
                                f"stopping", rank=exc.rank) from None
             try:
-                self._apply(Payload(reply.meta, reply.buffers), self.mixed, self.weights[j])
+                state.add_neighbour(self.compressor, Payload(reply.meta, reply.buffers),
+                                    weight=self.weights[j], scale=self._shrink)
             except ProtocolError as exc:
                 raise ProtocolError(f"rank {self.rank}: peer {j} sent a bad {self.tag} "
                                     f"payload in round {round}: {exc}") from None
         for delivery in sent:
             delivery.wait()
-        step = torch.sub(self.mixed, self.public)
-        torch.add(flat, step, alpha=self.gamma, out=dest)
+        state.step_into(flat, self.gamma, dest.view(-1))
         return dest.view_as(x)
 
-    def _ensure_state(self, flat: torch.Tensor) -> None:
-        if self.public is None:
-            self.public = torch.zeros_like(flat)
-            self.mixed = torch.zeros_like(flat)
+    @property
+    def public(self) -> torch.Tensor | None:
+        """x̂_i (None before the first round)."""
+        return None if self._state is None else self._state.public
+
+    @property
+    def mixed(self) -> torch.Tensor | None:
+        """s_i = sum_j w_ij x̂_j (None before the first round)."""
+        return None if self._state is None else self._state.mixed
+
+    def _ensure_state(self, flat: torch.Tensor) -> PublicCopy:
+        if self._state is None:
+            self._state = PublicCopy(flat)
             if self.gamma is None:
                 self.gamma = default_gamma(self.compressor, flat.numel())
             self._shrink = shrink(self.compressor, flat.numel())
@@ -91,9 +101,7 @@ class ChocoGossip(Strategy):
             raise ConfigError(f"rank {self.rank}: CHOCO keeps public copies of one tensor of "
                               f"{self.public.numel()} {self.public.dtype}; got {flat.numel()} "
                               f"{flat.dtype} (use one strategy instance per tensor)")
-
-    def _apply(self, payload: Payload, target: torch.Tensor, weight: float) -> None:
-        self.compressor.add_to(payload, target, alpha=weight * self._shrink)
+        return self._state
 
     def state_dict(self) -> dict:
         """Public copy, neighbourhood mix and step size: what a restarted peer needs."""
@@ -103,6 +111,9 @@ class ChocoGossip(Strategy):
         """Restore ``state_dict``. Only a whole job restarted together can use it: in a
         running job the neighbours' replicas of our public copy have moved on since (so
         ``rejoin_round`` refuses)."""
-        self.public, self.mixed, self.gamma = state["public"], state["mixed"], state["gamma"]
-        if self.public is not None:
+        self.gamma = state["gamma"]
+        self._state = None
+        if state["public"] is not None:
+            self._state = PublicCopy(state["public"], public=state["public"],
+                                     mixed=state["mixed"])
             self._shrink = shrink(self.compressor, self.public.numel())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gossip.compress.selection import SAMPLE_SIZE, topk_select
+from gossip.compress.selection import sample_size_for, topk_select
 
 _EMPTY_IDX = np.zeros(0, dtype=np.int64)
 
@@ -20,10 +20,7 @@ def select(x: torch.Tensor, k: int, generator: torch.Generator) -> tuple[np.ndar
 
     The values are a copy: ``x`` may be modified afterwards.
     """
-    # A sample of n/128 places the threshold well enough (a few % more candidates than k);
-    # the compressor's default (131k) costs more than the scan of a 600k-element block.
-    sample = min(SAMPLE_SIZE, max(4096, x.numel() // 128))
-    idx, val = topk_select(x, k, generator=generator, sample_size=sample)
+    idx, val = topk_select(x, k, generator=generator, sample_size=sample_size_for(x.numel()))
     idx, val = idx.numpy(), val.numpy()
     nonzero = val != 0
     if not nonzero.all():
