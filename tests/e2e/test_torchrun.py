@@ -16,7 +16,8 @@ import pytest
 
 from gossip.metrics import read_jsonl
 
-pytestmark = pytest.mark.slow
+# Whole launcher runs (torchrun starts 5 processes twice): opt-in, `pytest -m launchers`.
+pytestmark = [pytest.mark.slow, pytest.mark.launchers]
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS, ROUNDS, EVERY, VICTIM = 4, 8, 2, 2

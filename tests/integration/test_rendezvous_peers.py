@@ -70,6 +70,7 @@ def _slurm_env(rank: int, size: int, job: int) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.launchers  # opt-in: pytest -m launchers
 def test_gossip_peers_under_a_fake_srun_train_and_rank_0_writes_the_topology(tmp_path):
     """`srun -n 3 gossip peer --rendezvous slurm:// --topology ring.yaml` with SLURM's
     variables faked: the store is on the first node of the node list (localhost), its port
