@@ -11,7 +11,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Record:
     """What one peer did in one round. The fields, in this order, are the keys of its JSONL
-    line; ``resumed_from`` and ``lost_work`` are written only when set.
+    line; ``resumed_from``, ``lost_work`` and ``staleness`` are written only when set.
 
     Attributes:
         round: The round.
@@ -37,6 +37,8 @@ class Record:
         resumed_from: On the first record after a restart: the checkpoint's round.
         lost_work: A round the killed process did but never recorded: its neighbours mixed
             its messages, but its loss, accuracy and timings died with it (None).
+        staleness: With bounded staleness (dpsgd ``staleness`` > 0): how many rounds old
+            the oldest neighbour model mixed in this round was.
     """
 
     round: int
@@ -57,6 +59,7 @@ class Record:
     lost_peers: Mapping[int, int] = field(default_factory=dict)
     resumed_from: int | None = None
     lost_work: bool = False
+    staleness: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSONL line (``MetricsWriter.write`` turns NaN into null)."""
@@ -65,6 +68,8 @@ class Record:
             del line["resumed_from"]
         if not self.lost_work:
             del line["lost_work"]
+        if self.staleness is None:
+            del line["staleness"]
         return line
 
     @classmethod

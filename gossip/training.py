@@ -136,6 +136,7 @@ class Trainer:
         work = self.compute(rnd)
         comm_s = self.synchronize(rnd, work)
         record = self.record(rnd, work, comm_s, before=before, after=self.peer.stats)
+        record = dataclasses.replace(record, **self.peer.strategy.record_fields(rnd))
         if rnd % self.config.eval_every == 0 or rnd == self.config.rounds - 1:
             consensus, avg_accuracy = self.probe(rnd)
             record = dataclasses.replace(record, consensus=consensus, avg_accuracy=avg_accuracy)

@@ -109,6 +109,11 @@ class Strategy(ABC):
             total.mul_(1.0 / count)
         return self.synchronize(total, round, out=out)
 
+    def record_fields(self, round: int) -> dict[str, Any]:
+        """Optional ``Record`` fields this strategy fills for ``round`` (e.g. the staleness
+        it used); none by default, so the metrics lines of others stay as they are."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must keep of this strategy (residuals, public copies, ...)."""
         return {}

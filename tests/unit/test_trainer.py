@@ -15,7 +15,7 @@ from gossip.topology import Topology
 from gossip.training import Trainer, Work, train
 from gossip.transport import LoopbackHub
 
-SCHEMA = [f.name for f in dataclasses.fields(Record)][:-2]  # without the optional fields
+SCHEMA = [f.name for f in dataclasses.fields(Record)][:-3]  # without the optional fields
 CONFIG = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 3, "batch_size": 16,
                                 "minibatches": 2, "eval_every": 2,
                                 "delays": {"compute": 0.25}})
