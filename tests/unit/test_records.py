@@ -15,7 +15,7 @@ from gossip.records import Record, lines_before
 SCHEMA = ["round", "time", "wall", "loss", "accuracy", "bytes_sent", "bytes_recv", "compute_s",
           "delay_s", "comm_s", "wait_s", "minibatches", "samples", "consensus", "avg_accuracy",
           "lost_peers"]
-OPTIONAL = ["resumed_from", "lost_work"]  # written only when set
+OPTIONAL = ["resumed_from", "lost_work", "staleness"]  # written only when set
 
 
 def record(rnd: int = 3, **changes) -> Record:
@@ -35,11 +35,12 @@ def test_optional_fields_appear_only_when_set():
     assert list(record(resumed_from=10).as_dict()) == SCHEMA + ["resumed_from"]
     assert record(resumed_from=0).as_dict()["resumed_from"] == 0  # round 0 is a round
     assert list(record(lost_work=True).as_dict()) == SCHEMA + ["lost_work"]
+    assert list(record(staleness=0).as_dict()) == SCHEMA + ["staleness"]  # s > 0: even 0
 
 
-@pytest.mark.parametrize("changes", [{}, {"resumed_from": 7},
+@pytest.mark.parametrize("changes", [{}, {"resumed_from": 7}, {"staleness": 2},
                                      {"consensus": None, "avg_accuracy": None}],
-                         ids=["measured", "resumed", "not-measured"])
+                         ids=["measured", "resumed", "stale", "not-measured"])
 def test_a_line_read_back_is_the_same_record(tmp_path, changes):
     original = record(**changes)
     with MetricsWriter(tmp_path / "peer-0.jsonl") as metrics:
