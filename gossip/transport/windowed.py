@@ -37,12 +37,23 @@ def recv_latest(transport: Transport, *, src: int, kind: str, first: int, last: 
 def latest_arrived(transport: Transport, *, src: int, kind: str, first: int,
                    last: int) -> Message | None:
     """``recv_latest`` without the wait: None if no message of the window has arrived."""
-    if last > transport.membership.round:  # this peer is at round ``last`` now
-        transport.membership.round = last
-        transport._expire(last)
-    while transport._pump(0.0):  # everything already here, so the newest is seen
-        pass
+    at_round(transport, last)
+    drain(transport)  # everything already here, so the newest is seen
     return transport.pending.take_latest(src, kind, first, last)
+
+
+def at_round(transport: Transport, round: int) -> None:
+    """This peer works on ``round`` now (as a ``recv`` of it says): kept messages too far
+    behind it expire."""
+    if round > transport.membership.round:
+        transport.membership.round = round
+        transport._expire(round)
+
+
+def drain(transport: Transport) -> None:
+    """Read every message already here into the transport's buffer, without waiting."""
+    while transport._pump(0.0):
+        pass
 
 
 def poll(transport: Transport, kind: str, *, src: int | None = None) -> Message | None:
