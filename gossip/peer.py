@@ -105,6 +105,11 @@ class Peer:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             with self.communicating():  # messages still arriving are decoded and checked
+                try:
+                    self.strategy.finish()  # e.g. serve neighbours still exchanging
+                except BaseException:
+                    self.transport.close()
+                    raise
                 self.transport.shutdown(timeout=min(self.timeout, 10.0))
         else:
             # Error paths close at once (linger 0), except that this peer's notices of dead

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from gossip import checkpoint as checkpoints
+from gossip.async_training import AsyncRunner
 from gossip.config import TrainConfig
 from gossip.consensus import ConsensusProbe, algorithm_bytes
 from gossip.errors import CheckpointError
@@ -282,5 +283,6 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
                       metrics=metrics, on_round=on_round, on_minibatch=on_minibatch)
     if resume:
         trainer.resume(history)
-    last = trainer.run()
+    # An asynchronous strategy (no rounds) runs the same phases without lockstep.
+    last = (trainer if peer.strategy.synchronous else AsyncRunner(trainer)).run()
     return {} if last is None else last.as_dict()

@@ -69,3 +69,9 @@ def poll(transport: Transport, kind: str, *, src: int | None = None) -> Message 
         msg = transport._accept(frames, want=(src, kind, None))
         if msg is not None:
             return msg
+
+
+def wait_any(transport: Transport, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for any message and keep it for a later receive;
+    False if none came."""
+    return transport._pump(timeout)
