@@ -46,8 +46,8 @@ class ADPSGD(Strategy):
     def __init__(self, *, rank, topology, transport, options: ADPSGDOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
         tag = self.options.tag
-        self.request_kind, self.reply_kind, self.done_kind = (f"{tag}.req", f"{tag}.rep",
-                                                              f"{tag}.done")
+        self.request_kind, self.reply_kind, self.done_kind, self.hello_kind = (
+            f"{tag}.req", f"{tag}.rep", f"{tag}.done", f"{tag}.hello")
         self.neighbors = topology.neighbors(rank)
         self.active = self._starts_exchanges(topology)
         self.rng = random.Random(self.options.seed * 1_000_003 + rank)
@@ -55,6 +55,7 @@ class ADPSGD(Strategy):
         self.outstanding: tuple[int, int, torch.Tensor] | None = None  # (peer, id, x_s)
         self.next_id = 0
         self.done_from: set[int] = set()
+        self.hello_from: set[int] = set()
         self.finished = False
         self.exchanges = 0  # replies applied: completed exchanges this peer started
         self.answered = 0  # requests answered
@@ -73,13 +74,16 @@ class ADPSGD(Strategy):
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        return (self.request_kind, self.reply_kind, self.done_kind)
+        return (self.request_kind, self.reply_kind, self.done_kind, self.hello_kind)
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
         flat, dest = x.reshape(-1), self._output(x, out)
         if dest.data_ptr() != flat.data_ptr():
             dest.copy_(flat)
+        if self.model is None:
+            self.model = dest
+            self._greet()
         self.model = dest
         self.poll()
         if self.outstanding is None and self.active and not self.finished:
@@ -99,7 +103,10 @@ class ADPSGD(Strategy):
             done = poll(transport, self.done_kind)
             if done is not None:
                 self.done_from.add(done.src)
-            if request is None and reply is None and done is None:
+            hello = poll(transport, self.hello_kind)
+            if hello is not None:
+                self.hello_from.add(hello.src)
+            if request is None and reply is None and done is None and hello is None:
                 break
         self._forget_dead()
 
@@ -109,14 +116,19 @@ class ADPSGD(Strategy):
         if self.finished:
             return
         self.finished = True
-        deadline = self.transport.clock.monotonic() + self.transport.timeout
-        self._until(lambda: self.outstanding is None, deadline, "its last exchange's reply")
+        if self.model is None:  # never took part (nor greeted): nobody waits for this peer
+            return
+        self._until(lambda: self.outstanding is None, "its last exchange's reply")
         for j in self._alive():
             self.transport.send(j, Message(kind=self.done_kind, round=0))
-        if self.model is None:  # never took part: nothing to serve (a peer opened and closed)
-            return
-        self._until(lambda: not set(self._alive()) - self.done_from, deadline,
-                    "every neighbour's 'done'")
+        self._until(lambda: not set(self._alive()) - self.done_from, "every neighbour's done")
+
+    def _greet(self) -> None:
+        """Start together: tell the neighbours this peer is up and wait until each said so
+        too (or is dead), so that no peer trains alone while the others are starting."""
+        for j in self._alive():
+            self.transport.send(j, Message(kind=self.hello_kind, round=0))
+        self._until(lambda: not set(self._alive()) - self.hello_from, "every neighbour's hello")
 
     # -- the exchange ------------------------------------------------------------------------
 
@@ -132,11 +144,6 @@ class ADPSGD(Strategy):
         self.next_id += 1
 
     def _answer(self, request: Message) -> None:
-        if self.model is None:  # nothing to exchange yet: give theirs back, a move of zero
-            self.transport.send(request.src, Message(kind=self.reply_kind, round=request.round,
-                                                     meta=request.meta, buffers=request.buffers))
-            self.answered += 1
-            return
         theirs = self._expect(request, self.model.numel())
         mine = self.model.clone()  # x_r as it is now
         self.transport.send(request.src, Message(kind=self.reply_kind, round=request.round,
@@ -168,16 +175,21 @@ class ADPSGD(Strategy):
                         self.rank, self.outstanding[0])
             self.outstanding = None
 
-    def _until(self, ready, deadline: float, what: str) -> None:
-        clock = self.transport.clock
+    def _until(self, ready, what: str) -> None:
+        """Serve the neighbours until ``ready()``. Gives up after ``timeout`` seconds without
+        a message: a neighbour still at work keeps exchanging (however long it takes), a
+        dead one is dropped by the transport's liveness check."""
+        transport, clock = self.transport, self.transport.clock
+        deadline = clock.monotonic() + transport.timeout
         while True:
             self.poll()
             if ready():
                 return
             if clock.monotonic() >= deadline:
-                raise PeerTimeout(f"rank {self.rank}: adpsgd finishing: no {what} within "
-                                  f"{self.transport.timeout:g} s")
-            wait_any(self.transport, min(WAIT_S, max(deadline - clock.monotonic(), 0.0)))
+                raise PeerTimeout(f"rank {self.rank}: adpsgd: no {what} and no other message "
+                                  f"within {transport.timeout:g} s")
+            if wait_any(transport, min(WAIT_S, max(deadline - clock.monotonic(), 0.0))):
+                deadline = clock.monotonic() + transport.timeout
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_id": self.next_id}
