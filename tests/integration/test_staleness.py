@@ -14,6 +14,7 @@ from gossip.peer import Peer
 from gossip.training import train
 from gossip.transport import LoopbackHub, Message
 from gossip.transport.windowed import recv_latest
+from support import run_in_threads
 
 
 def test_staleness_zero_is_dpsgd_bit_for_bit(local_topology, run_rounds, make_data):
@@ -62,8 +63,13 @@ def test_with_seeded_delays_every_record_is_within_the_bound(local_topology):
             start.wait()
             train(peer, config, on_round=records[rank].append)
 
-    from support import run_in_threads
     run_in_threads(size, main, timeout=60)
     used = [line["staleness"] for lines in records for line in lines]
     assert len(used) == 12 * size and all(0 <= u <= s for u in used), used
     assert max(used) > 0, "the slow peer's neighbours never ran ahead: the test cannot fail"
+    # Clocks: finishing round r needs a neighbour's model of round r - s, which it sends
+    # only after recording its round r - s - 1; so no peer gets more than s + 1 ahead.
+    wall = [[line["wall"] for line in lines] for lines in records]
+    for i in range(size):
+        for j in topology.neighbors(i):
+            assert all(wall[j][r - s - 1] < wall[i][r] for r in range(s + 1, 12)), (i, j)
