@@ -22,10 +22,11 @@ SCHEDULES = ("graph", "one-peer-exponential")
 
 
 class PushGraph(ABC):
-    """Who sends to whom in each step, on ranks ``0..size-1``."""
+    """Who sends to whom in each step, on ranks ``0..size-1``; the pattern repeats every
+    ``period`` steps."""
 
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self, size: int, period: int = 1):
+        self.size, self.period = size, period
 
     @abstractmethod
     def out_neighbors(self, rank: int, step: int) -> tuple[int, ...]:
@@ -34,6 +35,12 @@ class PushGraph(ABC):
     def in_neighbors(self, rank: int, step: int) -> tuple[int, ...]:
         """The peers that send to ``rank`` in ``step``, sorted."""
         return tuple(i for i in range(self.size) if rank in self.out_neighbors(i, step))
+
+    def partners(self, rank: int) -> tuple[int, ...]:
+        """Every peer ``rank`` ever sends to or hears from, sorted."""
+        steps = range(self.period)
+        return tuple(sorted({j for k in steps for j in (*self.out_neighbors(rank, k),
+                                                          *self.in_neighbors(rank, k))}))
 
     def push_matrix(self, step: int) -> np.ndarray:
         """Push-sum's column-stochastic P of ``step``: column i spreads 1/(d_out(i) + 1) over
@@ -51,8 +58,7 @@ class OnePeerExponential(PushGraph):
     average exactly."""
 
     def __init__(self, size: int):
-        super().__init__(size)
-        self.period = (size - 1).bit_length() if size > 1 else 1  # floor(log2(n-1)) + 1
+        super().__init__(size, (size - 1).bit_length() if size > 1 else 1)  # ⌊log2(n-1)⌋+1
 
     def offset(self, step: int) -> int:
         return (1 << (step % self.period)) % self.size

@@ -126,6 +126,7 @@ def test_a_dead_neighbour_is_skipped(local_topology):
     assert partners_after[0] > 0 and partners_after[1] > 0  # they went on with each other
 
 
+@pytest.mark.slow  # three Trainers (task, data, evaluation per round): seconds on 2 cores
 def test_peers_with_different_budgets_all_finish(local_topology):
     """The asynchronous loop: ranks train 2, 5 and 8 steps of adpsgd with no barrier and
     all return; no consensus probe (a round-keyed all-reduce) runs."""

@@ -43,6 +43,7 @@ class PushSum(Strategy):
         self.weight = 1.0
         self.awaited: dict[int, set[int]] = {}  # round -> senders not yet mixed
         self.gone: set[int] = set()  # dead senders: their pushes never come
+        transport.connect(self.graph.partners(rank))  # so a sender dying at once is noticed
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -97,6 +98,23 @@ class PushSum(Strategy):
             if not self.awaited[r]:
                 del self.awaited[r]
         return added
+
+    def finish(self) -> None:
+        """Take the pushes of the last ``overlap`` steps that were still due: they are not
+        mixed (the model has left this strategy's hands), but their senders must not wait
+        for a goodbye from a peer that never heard from them."""
+        late = 0
+        for r in sorted(self.awaited):
+            for i in sorted(self.awaited[r] - self.gone):
+                try:
+                    self.transport.recv(src=i, kind=self.tag, round=r)
+                    late += 1
+                except PeerGone:
+                    pass
+        self.awaited.clear()
+        if late:
+            log.info("rank %d: %d push(es) of the last %d step(s) arrived after this peer's "
+                     "last step and were not mixed", self.rank, late, self.options.overlap)
 
     def _weight_of(self, msg: Message) -> float:
         w = msg.meta.get("w")
