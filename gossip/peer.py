@@ -148,6 +148,7 @@ class Peer:
             with self.communicating():  # messages still arriving are decoded and checked
                 try:
                     self.serve()
+                    self.strategy.finish()  # e.g. serve neighbours still exchanging
                 except BaseException:
                     self.transport.close()
                     raise

@@ -15,8 +15,8 @@ OVERLAP_FIELDS = ("exposed_comm_s", "comm_busy_s", "iter_s", "buckets")
 @dataclass(frozen=True)
 class Record:
     """What one peer did in one round. The fields, in this order, are the keys of its JSONL
-    line; ``resumed_from``, ``lost_work``, the overlap and the device fields are written
-    only when set.
+    line; ``resumed_from``, ``lost_work``, the device, overlap and staleness fields are
+    written only when set.
 
     Attributes:
         round: The round.
@@ -51,6 +51,8 @@ class Record:
         iter_s: With ``overlap``: round start to after the optimizer step (no evaluation).
         buckets: With ``overlap``: synchronizations per round (gradient buckets; 1 for
             combine-then-adapt).
+        staleness: With bounded staleness (dpsgd ``staleness`` > 0): how many rounds old
+            the oldest neighbour model mixed in this round was.
     """
 
     round: int
@@ -78,6 +80,7 @@ class Record:
     comm_busy_s: float | None = None
     iter_s: float | None = None
     buckets: int | None = None
+    staleness: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSONL line (``MetricsWriter.write`` turns NaN into null)."""
@@ -86,7 +89,7 @@ class Record:
             del line["resumed_from"]
         if not self.lost_work:
             del line["lost_work"]
-        for key in (*OVERLAP_FIELDS, *_DEVICE_FIELDS):
+        for key in (*_DEVICE_FIELDS, *OVERLAP_FIELDS, "staleness"):
             if line[key] is None:
                 del line[key]
         return line

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from gossip import checkpoint as checkpoints
+from gossip.async_training import AsyncRunner
 from gossip.config import TrainConfig
 from gossip.consensus import ConsensusProbe, algorithm_bytes
 from gossip.errors import CheckpointError
@@ -148,6 +149,7 @@ class Trainer:
         overlap = self.peer.overlap_metrics()
         if overlap is not None:
             record = dataclasses.replace(record, iter_s=iter_s, **overlap)
+        record = dataclasses.replace(record, **self.peer.strategy.record_fields(rnd))
         if rnd % self.config.eval_every == 0 or rnd == self.config.rounds - 1:
             consensus, avg_accuracy = self.probe(rnd)
             record = dataclasses.replace(record, consensus=consensus, avg_accuracy=avg_accuracy)
@@ -308,5 +310,6 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
                       metrics=metrics, on_round=on_round, on_minibatch=on_minibatch)
     if resume:
         trainer.resume(history, round=resume_round)
-    last = trainer.run()
+    # An asynchronous strategy (no rounds) runs the same phases without lockstep.
+    last = (trainer if peer.strategy.synchronous else AsyncRunner(trainer)).run()
     return {} if last is None else last.as_dict()

@@ -323,9 +323,11 @@ def _summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
     if final["consensus"] is not None:
         lines[-1] += (f"; averaged model {final['avg_accuracy']:.4f}; consensus distance "
                       f"{final['consensus']:.3g}")
-    else:  # the probe is an all-reduce over every peer
-        lines[-1] += ("; consensus not measured (a peer was lost, a rank only serves, or "
-                      "the strategy has no global round)")
+    elif any(record.get("lost_peers") for record in last.values()):
+        lines[-1] += "; consensus not measured (a peer was lost)"  # the probe needs them all
+    else:  # a rank only serves, or the strategy has no round all peers could probe in
+        lines[-1] += ("; consensus not measured (a rank only serves, or an asynchronous "
+                      "strategy)")
     lines += [death.describe() for death in deaths]
     # Every survivor's record of the peers it lost, and the round it noticed each in.
     noticed: dict[str, list[int]] = {}

@@ -2,7 +2,8 @@
 
 A run's round ``r`` counts once every peer has finished it: its time is the latest peer's
 wall clock then, measured from the moment the last peer started training (process start-up
-is not part of the algorithm). Its loss is the sample-weighted mean over the peers of the
+is not part of the algorithm). An asynchronous run has no rounds: its row r is the
+(r + 1)-th P records in wall-clock order (P peers), whoever wrote them. Its loss is the sample-weighted mean over the peers of the
 round's mini-batch losses, smoothed by a trailing moving average; bytes are the mean
 per peer; accuracy the mean over peers of each local model's test accuracy.
 """
@@ -81,15 +82,20 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
     peers = [records for records in peers if records]
     if not peers:
         raise ConfigError(f"{run_dir}: no metrics recorded")
-    n = min(len(records) for records in peers)
-    rows = [[records[i] for records in peers] for i in range(n)]
-    if all("wall" in r for r in rows[0]):
-        origin = max(r["wall"] - r["time"] for r in rows[0])
+    train = config.get("train", {})
+    if _asynchronous(train.get("strategy"), train.get("options") or {}):
+        rows = _rows_in_time_order(peers)
+    else:
+        n = min(len(records) for records in peers)
+        rows = [[records[i] for records in peers] for i in range(n)]
+    n = len(rows)
+    firsts = [records[0] for records in peers]
+    if all("wall" in r for r in firsts):
+        origin = max(r["wall"] - r["time"] for r in firsts)
         time = np.array([max(r["wall"] for r in row) - origin for row in rows])
     else:  # older runs without wall clock: per-peer clocks, the slowest peer counts
         time = np.array([max(r["time"] for r in row) for row in rows])
     raw = np.array([_weighted_loss(row) for row in rows])
-    train = config.get("train", {})
     planned = train.get("minibatches", 1) * len(peers) * n
     finished = sum(r.get("minibatches", train.get("minibatches", 1)) for row in rows for r in row)
     strategy = train.get("strategy", "?")
@@ -126,6 +132,25 @@ def _inner(strategy: str, options: dict) -> tuple[str, dict]:
         default = STRATEGIES.options(strategy).inner
         return options.get("inner", default), dict(options.get("inner_options") or {})
     return strategy, options
+
+
+def _asynchronous(strategy: str | None, options: dict) -> bool:
+    """Whether the run's strategy has no rounds (``synchronous = False``)."""
+    from gossip.strategies import STRATEGIES
+
+    if strategy not in STRATEGIES:
+        return False
+    return not STRATEGIES.strategy_class(strategy, options).synchronous
+
+
+def _rows_in_time_order(peers: list[list[dict]]) -> list[list[dict]]:
+    """An asynchronous run's "rounds": its records in wall-clock order, P at a time (P
+    peers), so row r is reached when the peers together took (r + 1) P steps, however they
+    were spread over the peers (a fast peer takes more of them than a slow one)."""
+    size = len(peers)
+    ordered = sorted((r for records in peers for r in records),
+                     key=lambda r: (r.get("wall", r["time"]), r["round"]))
+    return [ordered[i:i + size] for i in range(0, len(ordered) - size + 1, size)]
 
 
 def _mean_known(values) -> float:

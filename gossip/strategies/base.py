@@ -68,7 +68,9 @@ class Strategy(ABC):
     needs_every_peer: ClassVar[bool] = False
     #: A peer restarted from a checkpoint can rejoin a running job (``rejoin_round``).
     can_rejoin: ClassVar[bool] = False
-    #: Peers run in lockstep rounds: a round waits for the neighbours' messages of it.
+    #: Peers run in lockstep rounds: a round waits for the neighbours' messages of it. An
+    #: asynchronous strategy has no rounds: each peer runs to its own budget, ``poll`` and
+    #: ``finish`` progress and end its exchanges (gossip/async_training.py).
     synchronous: ClassVar[bool] = True
     #: ``synchronize`` raises on a NaN/Inf result itself, so the transport need not check
     #: every incoming frame of its kinds.
@@ -135,6 +137,19 @@ class Strategy(ABC):
         if count != 1:
             total.mul_(1.0 / count)
         return self.synchronize(total, round, out=out)
+
+    # -- asynchronous strategies (``synchronous = False``) ----------------------------------
+    def poll(self) -> None:
+        """Progress exchanges under way without waiting (asked between mini-batches)."""
+
+    def finish(self) -> None:
+        """Before this peer leaves: complete what is under way and serve the neighbours
+        until they are done too (``Peer`` calls it on a clean exit)."""
+
+    def record_fields(self, round: int) -> dict[str, Any]:
+        """Optional ``Record`` fields this strategy fills for ``round`` (e.g. the staleness
+        it used); none by default, so the metrics lines of others stay as they are."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must keep of this strategy (residuals, public copies, ...)."""

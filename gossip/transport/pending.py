@@ -98,6 +98,23 @@ class PendingMessages:
         oldest = min(sources, key=lambda s: self._queues[(kind, round, s)][0][0])
         return self._pop((kind, round, oldest))
 
+    def take_latest(self, src: int, kind: str, first: int, last: int) -> Message | None:
+        """Remove and return the newest kept ``kind`` message from ``src`` of a round in
+        ``[first, last]`` (bounded staleness), dropping every older one of that kind and
+        source, which can no longer be used; None (older ones dropped) if there is none."""
+        rounds = [r for (k, r, s) in self._queues if k == kind and s == src and r <= last]
+        usable = [r for r in rounds if r >= first]
+        newest = max(usable, default=None)
+        for r in rounds:
+            if newest is None or r < newest:
+                self._drop_queue((kind, r, src))
+        if newest is None:
+            return None
+        queue = self._queues[(kind, newest, src)]
+        while len(queue) > 1:  # a duplicate of the same round: keep the newest
+            self._pop((kind, newest, src))
+        return self._pop((kind, newest, src))
+
     def advance(self, round: int) -> list[Message]:
         """This peer now works on ``round``: drop what fell ``rounds_behind`` behind it;
         returns the dropped messages."""
@@ -141,6 +158,11 @@ class PendingMessages:
             self.bytes -= sum(size for _, _, size in queue)
             self._unindex(key)
         return dropped
+
+    def _drop_queue(self, key: tuple[str, int, int]) -> None:
+        queue = self._queues[key]
+        while queue:
+            self._pop(key)
 
     def _forget(self, key: tuple[str, int, int]) -> None:
         del self._queues[key]

@@ -66,7 +66,7 @@ def test_launch_ring_allreduce_from_a_topology_file(tmp_path):
 
 
 @pytest.mark.parametrize("args, culprit", [  # the fast lane runs the last: a real `gossip`
-    pytest.param(["launch", "--strategy", "nope"], "unknown strategy 'nope'; available: dpsgd, ",
+    pytest.param(["launch", "--strategy", "nope"], "unknown strategy 'nope'; available: adpsgd, dpsgd, ",
                  marks=pytest.mark.slow),
     pytest.param(["launch", "--option", "bogus=1"], "has no option 'bogus'",
                  marks=pytest.mark.slow),

@@ -17,7 +17,7 @@ SCHEMA = ["round", "time", "wall", "loss", "accuracy", "bytes_sent", "bytes_recv
           "lost_peers"]
 DEVICE = ["device_wait_s", "device_hold_s", "round_start_wall"]
 OVERLAP = ["exposed_comm_s", "comm_busy_s", "iter_s", "buckets"]
-OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP]  # written only when set
+OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness"]  # written only when set
 
 
 def record(rnd: int = 3, **changes) -> Record:
@@ -41,11 +41,12 @@ def test_optional_fields_appear_only_when_set():
     assert list(overlapped.as_dict()) == SCHEMA + OVERLAP
     shared = record(device_wait_s=0.0, device_hold_s=0.1, round_start_wall=1.7e9).as_dict()
     assert list(shared) == SCHEMA + DEVICE and shared["device_wait_s"] == 0.0
+    assert list(record(staleness=0).as_dict()) == SCHEMA + ["staleness"]  # s > 0: even 0
 
 
-@pytest.mark.parametrize("changes", [{}, {"resumed_from": 7},
+@pytest.mark.parametrize("changes", [{}, {"resumed_from": 7}, {"staleness": 2},
                                      {"consensus": None, "avg_accuracy": None}],
-                         ids=["measured", "resumed", "not-measured"])
+                         ids=["measured", "resumed", "stale", "not-measured"])
 def test_a_line_read_back_is_the_same_record(tmp_path, changes):
     original = record(**changes)
     with MetricsWriter(tmp_path / "peer-0.jsonl") as metrics:

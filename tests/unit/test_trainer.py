@@ -16,7 +16,7 @@ from gossip.training import Trainer, Work, train
 from gossip.transport import LoopbackHub
 
 OPTIONAL = ("resumed_from", "lost_work", *OVERLAP_FIELDS, "device_wait_s", "device_hold_s",
-            "round_start_wall")
+            "round_start_wall", "staleness")
 SCHEMA = [f.name for f in dataclasses.fields(Record) if f.name not in OPTIONAL]
 CONFIG = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 3, "batch_size": 16,
                                 "minibatches": 2, "eval_every": 2,

@@ -1,16 +1,20 @@
-"""Gossip on the topology's static graph: exact D-PSGD (dpsgd.py) and, with a compressor,
-CHOCO-Gossip (choco.py), sharing the neighbours' weights (neighbourhood.py)."""
+"""Gossip on the topology's static graph: exact D-PSGD (dpsgd.py), with bounded staleness
+(stale.py) and, with a compressor, CHOCO-Gossip (choco.py), sharing the neighbours' weights
+(neighbourhood.py)."""
 
 from gossip.strategies.base import STRATEGIES
 from gossip.strategies.gossip.choco import ChocoGossip
 from gossip.strategies.gossip.dpsgd import DPSGD
 from gossip.strategies.gossip.options import DPSGDOptions
+from gossip.strategies.gossip.stale import StaleDPSGD
 
-__all__ = ["DPSGD", "ChocoGossip", "DPSGDOptions"]
+__all__ = ["DPSGD", "ChocoGossip", "DPSGDOptions", "StaleDPSGD"]
 
 
 @STRATEGIES.register("dpsgd", options=DPSGDOptions)
 def dpsgd(options: DPSGDOptions) -> type:
     """D-PSGD on the topology's graph with Metropolis-Hastings weights; with a compressor,
-    CHOCO-Gossip."""
-    return DPSGD if options.compressor is None else ChocoGossip
+    CHOCO-Gossip; with ``staleness`` > 0, stale-synchronous D-PSGD."""
+    if options.compressor is not None:
+        return ChocoGossip
+    return StaleDPSGD if options.staleness else DPSGD

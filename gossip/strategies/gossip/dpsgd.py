@@ -62,7 +62,7 @@ class DPSGD(Strategy):
         # in the transport's buffer meanwhile.
         for j in neighbors:
             try:
-                reply = self.transport.recv(src=j, kind=self.tag, round=round)
+                reply = self._receive(j, round)
             except PeerGone as exc:
                 if exc.rank != j:
                     raise
@@ -81,6 +81,10 @@ class DPSGD(Strategy):
         if acc is not dest:
             dest.copy_(acc)
         return dest.view_as(x)
+
+    def _receive(self, j: int, round: int) -> Message:
+        """Neighbour ``j``'s model to mix in ``round``: the one of that very round."""
+        return self.transport.recv(src=j, kind=self.tag, round=round)
 
     def state_dict(self) -> dict[str, Any]:
         return {"dropped": dict(self.mixing.dropped)}

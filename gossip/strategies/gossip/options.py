@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gossip.errors import ConfigError
 from gossip.strategies.gossip.compression import ChocoOptions
 from gossip.strategies.options import option
+
+#: Staleness is bounded by what the transport keeps of rounds past (transport/pending.py).
+MAX_STALENESS = 15
 
 
 @dataclass(frozen=True)
@@ -13,6 +17,16 @@ class DPSGDOptions(ChocoOptions):
     """Options of ``dpsgd``."""
 
     examples = ({}, {"compressor": "topk", "density": 0.3}, {"compressor": "qsgd"},
-                {"compressor": "sign", "gamma": 0.4})
+                {"compressor": "sign", "gamma": 0.4}, {"staleness": 2})
 
     tag: str = option("gossip", "message kind, distinct per instance on one transport")
+    staleness: int = option(
+        0, "bounded staleness s: mix each neighbour's newest model of rounds r-s..r, wait only "
+           "when there is none (0: lockstep D-PSGD)",
+        check=lambda s: None if 0 <= s <= MAX_STALENESS else f"must be in 0..{MAX_STALENESS}")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.staleness and self.compressor is not None:
+            raise ConfigError("staleness: CHOCO (dpsgd with a compressor) keeps its neighbours' "
+                              "public copies in step and cannot mix stale ones")

@@ -1,0 +1,148 @@
+"""AD-PSGD's lock-free pairwise exchange between real peers over ZeroMQ (threads), and the
+asynchronous training loop: invariants instead of a round-by-round oracle, since no two
+runs interleave the same way."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from gossip.config import TrainConfig
+from gossip.errors import ConfigError
+from gossip.peer import Peer
+from gossip.training import train
+from gossip.transport import LoopbackHub
+from support import peer_once_all_bound, run_in_threads
+
+
+@pytest.mark.slow  # 1,000 exchanges among five threads: about a second on an idle machine
+def test_many_exchanges_with_delays_conserve_the_sum_and_get_one_reply_each(local_topology):
+    """lr = 0 in float64 on an odd ring, random delays between steps, each peer stopping
+    once it completed its share of 1,000 exchanges (so they finish at different times):
+    after the drain, the sum of models is the initial one, and every request got exactly
+    one reply."""
+    size, each = 5, 200
+    topology = local_topology("ring", size)
+    x0 = torch.randn(size, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    final, strategies, stats = [None] * size, [None] * size, [None] * size
+    all_bound, hub = threading.Barrier(size, timeout=10), LoopbackHub(size)
+
+    def main(rank: int) -> None:
+        delays = random.Random(rank)
+        x = x0[rank].clone()
+        with peer_once_all_bound(rank, topology, "adpsgd", all_bound, hub=hub,
+                                 seed=rank) as peer:
+            rnd = 0
+            while peer.strategy.exchanges < each:
+                x = peer.synchronize(x, rnd, out=x)
+                time.sleep(delays.random() * 0.0005)  # injected delay: up to 0.5 ms a step
+                rnd += 1
+        final[rank], strategies[rank], stats[rank] = x, peer.strategy, peer.stats
+
+    run_in_threads(size, main, timeout=60)
+    total = torch.stack(final).sum(0)
+    torch.testing.assert_close(total, x0.sum(0), rtol=1e-12, atol=1e-12 * x0.abs().sum())
+    requests = sum(s.next_id for s in strategies)
+    assert sum(s.exchanges for s in strategies) == requests >= size * each
+    assert sum(s.answered for s in strategies) == requests
+    by_kind = [s["by_kind"] for s in stats]
+    sent = {kind: sum(k[kind]["messages_sent"] for k in by_kind) for kind in
+            ("adpsgd.req", "adpsgd.rep")}
+    assert sent["adpsgd.req"] == sent["adpsgd.rep"] == requests
+    assert not torch.equal(torch.stack(final), x0)  # they did mix
+
+
+def test_a_pair_is_bitwise_equal_after_one_exchange(local_topology, run_peers):
+    """Bipartite on two peers: rank 0 asks, rank 1 only answers; small-integer models."""
+    topology = local_topology("ring", 2)
+    x0 = torch.tensor([[3.0, -8.0, 5.0], [6.0, 1.0, 0.0]])
+    final = [None, None]
+    all_bound = threading.Barrier(2, timeout=10)
+
+    def main(rank: int) -> None:
+        x = x0[rank].clone()
+        with peer_once_all_bound(rank, topology, "adpsgd", all_bound, bipartite=True) as peer:
+            peer.synchronize(x, 0, out=x)
+        final[rank] = (x, peer.strategy.exchanges, peer.strategy.answered)
+
+    run_peers(2, main)
+    assert final[0][1:] == (1, 0) and final[1][1:] == (0, 1)
+    assert torch.equal(final[0][0], final[1][0])
+    assert torch.equal(final[0][0], x0.mean(0))
+
+
+def test_bipartite_needs_a_two_colourable_graph():
+    with pytest.raises(ConfigError, match=r"not 2-colourable \(odd cycle"):
+        with Peer(0, local_ring(5), "adpsgd", transport=LoopbackHub(5).transport(0),
+                  bipartite=True):
+            pass
+
+
+def local_ring(n: int):
+    from gossip.topology import Topology
+    return Topology.ring(n)
+
+
+@pytest.mark.slow  # waits out a dead peer's dead_after
+def test_a_dead_neighbour_is_skipped(local_topology):
+    """Rank 2 of a ring of 3 dies mid-run (closes without goodbye); the others notice, never
+    pick it again, and still finish cleanly with each other."""
+    topology = local_topology("ring", 3)
+    x0 = torch.arange(9, dtype=torch.float64).reshape(3, 3)
+    partners_after, all_bound = {}, threading.Barrier(3, timeout=10)
+
+    def main(rank: int) -> None:
+        x = x0[rank].clone()
+        try:
+            with peer_once_all_bound(rank, topology, "adpsgd", all_bound, dead_after=0.3,
+                                     timeout=10) as peer:
+                for rnd in range(5):
+                    peer.synchronize(x, rnd, out=x)
+                    time.sleep(0.002)
+                if rank == 2:
+                    raise RuntimeError("killed")  # the error path: no goodbye, linger 0
+                deadline = time.monotonic() + 5
+                rnd = 5
+                while 2 not in peer.transport.membership.firsthand():
+                    assert time.monotonic() < deadline, "rank 2 never declared dead"
+                    peer.synchronize(x, rnd, out=x)
+                    time.sleep(0.01)
+                    rnd += 1
+                before = peer.strategy.exchanges
+                for rnd in range(rnd, rnd + 20):
+                    peer.synchronize(x, rnd, out=x)
+                    time.sleep(0.002)
+                    assert peer.strategy.outstanding is None or \
+                        peer.strategy.outstanding[0] != 2
+                partners_after[rank] = peer.strategy.exchanges - before
+        except RuntimeError as exc:
+            assert str(exc) == "killed" and rank == 2
+
+    run_in_threads(3, main, timeout=30)
+    assert partners_after[0] > 0 and partners_after[1] > 0  # they went on with each other
+
+
+@pytest.mark.slow  # three Trainers (task, data, evaluation per round): seconds on 2 cores
+def test_peers_with_different_budgets_all_finish(local_topology):
+    """The asynchronous loop: ranks train 2, 5 and 8 steps of adpsgd with no barrier and
+    all return; no consensus probe (a round-keyed all-reduce) runs."""
+    size = 3
+    topology = local_topology("ring", size)
+    hub = LoopbackHub(size)
+    records = [[] for _ in range(size)]
+
+    def main(rank: int) -> None:
+        config = TrainConfig(strategy="adpsgd", rounds=2 + 3 * rank, batch_size=8,
+                             eval_every=1, timeout=10)
+        with Peer(rank, topology, "adpsgd", transport=hub.transport(rank, timeout=10)) as peer:
+            train(peer, config, on_round=records[rank].append)
+            assert peer.strategy.exchanges > 0
+
+    run_in_threads(size, main, timeout=60)
+    assert [len(r) for r in records] == [2, 5, 8]
+    assert all(line["consensus"] is None for r in records for line in r)
+    assert all("staleness" not in line for r in records for line in r)

@@ -1,0 +1,75 @@
+"""Bounded staleness for dpsgd (``staleness: s``): s = 0 is lockstep D-PSGD bit for bit;
+with s > 0 every round mixes neighbour models at most s rounds old, and says how old."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gossip.config import TrainConfig
+from gossip.errors import ConfigError
+from gossip.peer import Peer
+from gossip.training import train
+from gossip.transport import LoopbackHub, Message
+from gossip.transport.windowed import recv_latest
+from support import run_in_threads
+
+
+def test_staleness_zero_is_dpsgd_bit_for_bit(local_topology, run_rounds, make_data):
+    topology = local_topology("ring", 5)
+    data = make_data(3, 5, (11,), torch.float32, seed=2)
+    plain = run_rounds(topology, "dpsgd", data).results
+    assert torch.equal(run_rounds(topology, "dpsgd", data, staleness=0).results, plain)
+
+
+def test_the_newest_message_in_the_window_is_used_and_older_ones_dropped():
+    hub = LoopbackHub(2)
+    receiver, sender = hub.transport(0, timeout=2), hub.transport(1, timeout=2)
+    for rnd in (3, 4, 5, 7):
+        sender.send(0, Message("gossip", rnd, meta={"r": rnd}))
+    msg = recv_latest(receiver, src=1, kind="gossip", first=4, last=6)
+    assert msg.round == 5
+    assert [m.round for m in receiver.pending] == [7]  # 3 and 4 can no longer be used
+    sender.send(0, Message("gossip", 8))
+    assert recv_latest(receiver, src=1, kind="gossip", first=8, last=9).round == 8
+    assert len(receiver.pending) == 0
+
+
+def test_staleness_with_a_compressor_is_refused():
+    with pytest.raises(ConfigError, match="staleness"):
+        TrainConfig(strategy="dpsgd", options={"staleness": 2, "compressor": "topk"})
+    with pytest.raises(ConfigError, match="staleness"):
+        TrainConfig(strategy="dpsgd", options={"staleness": 99})
+
+
+@pytest.mark.slow  # trains three peers with injected delays (about 2 s)
+def test_with_seeded_delays_every_record_is_within_the_bound(local_topology):
+    s, size = 2, 3
+    topology = local_topology("ring", size)
+    config = TrainConfig.from_dict({
+        "strategy": "dpsgd", "options": {"staleness": s}, "rounds": 12, "batch_size": 8,
+        "minibatches": 2, "eval_every": 100, "timeout": 10,
+        "delays": {"compute": 0.004, "slowdown": {1: 5.0}, "straggler_prob": 0.2,
+                   "straggler_mean": 0.02}})
+    records = [[] for _ in range(size)]
+    hub = LoopbackHub(size)
+    start = threading.Barrier(size, timeout=10)
+
+    def main(rank: int) -> None:
+        with Peer(rank, topology, "dpsgd", transport=hub.transport(rank, timeout=10),
+                  staleness=s) as peer:
+            start.wait()
+            train(peer, config, on_round=records[rank].append)
+
+    run_in_threads(size, main, timeout=60)
+    used = [line["staleness"] for lines in records for line in lines]
+    assert len(used) == 12 * size and all(0 <= u <= s for u in used), used
+    assert max(used) > 0, "the slow peer's neighbours never ran ahead: the test cannot fail"
+    # Clocks: finishing round r needs a neighbour's model of round r - s, which it sends
+    # only after recording its round r - s - 1; so no peer gets more than s + 1 ahead.
+    wall = [[line["wall"] for line in lines] for lines in records]
+    for i in range(size):
+        for j in topology.neighbors(i):
+            assert all(wall[j][r - s - 1] < wall[i][r] for r in range(s + 1, 12)), (i, j)

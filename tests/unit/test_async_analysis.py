@@ -1,0 +1,38 @@
+"""An asynchronous run's curve (gossip/experiment/analysis.py): its records in wall-clock
+order, P at a time, whoever wrote them; a synchronous run's rows stay round by round."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from gossip.experiment.analysis import load_curve
+
+
+def write_run(run_dir, strategy: str, walls: list[list[float]]) -> None:
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"strategy": strategy}}))
+    for rank, peer_walls in enumerate(walls):
+        lines = [{"round": rnd, "time": wall, "wall": 100.0 + wall,
+                  "loss": float(rank), "accuracy": 0.5, "bytes_sent": 10 * (rnd + 1),
+                  "samples": 8, "minibatches": 1}
+                 for rnd, wall in enumerate(peer_walls)]
+        (run_dir / f"peer-{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_an_asynchronous_run_is_read_in_wall_clock_order(tmp_path):
+    # Peer 0 is fast (4 steps), peer 1 slow (2 steps); both started at wall 0.
+    write_run(tmp_path / "async", "adpsgd", [[1.0, 2.0, 3.0, 4.0], [2.5, 5.0]])
+    curve = load_curve(tmp_path / "async", smooth=1)
+    # records by wall: 1 (p0), 2 (p0) | 2.5 (p1), 3 (p0) | 4 (p0), 5 (p1)
+    assert curve.time.tolist() == [2.0, 3.0, 5.0]
+    assert curve.raw_loss.tolist() == [0.0, 0.5, 0.5]
+    assert curve.minibatch_share == pytest.approx(1.0)
+
+
+def test_a_synchronous_run_still_counts_rounds_all_peers_finished(tmp_path):
+    write_run(tmp_path / "sync", "dpsgd", [[1.0, 2.0, 3.0, 4.0], [2.5, 5.0]])
+    curve = load_curve(tmp_path / "sync", smooth=1)
+    assert curve.time.tolist() == [2.5, 5.0]
