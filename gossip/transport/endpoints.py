@@ -4,10 +4,13 @@ twin when the peer is on this machine."""
 from __future__ import annotations
 
 import ipaddress
+import logging
 import tempfile
 from urllib.parse import urlsplit
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+log = logging.getLogger(__name__)
 
 
 def local_ipc(endpoint: str) -> str | None:
@@ -79,6 +82,9 @@ class Endpoints:
         """``rank`` now listens at ``endpoint``; whether that changed anything."""
         if rank == self.rank or (endpoint == self.all[rank] and local == (rank in self._local)):
             return False
+        if endpoint != self.all[rank]:  # an operator wants to know where a restart went
+            log.warning("rank %d: peer %d restarted at %s (was %s): reaching it there",
+                        self.rank, rank, endpoint, self.all[rank])
         self.all[rank] = endpoint
         self._local.discard(rank)
         if local:

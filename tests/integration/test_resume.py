@@ -123,26 +123,41 @@ def _matcha_w(plan, seed: int, round: int) -> np.ndarray:
     return w
 
 
-def start(rank: int, tmp_path: Path, *extra: str) -> subprocess.Popen:
+def start(rank: int, tmp_path: Path, meeting: list[str], *extra: str) -> subprocess.Popen:
     with open(tmp_path / f"peer-{rank}{'-resumed' if extra else ''}.log", "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "gossip", "peer", "--rank", str(rank), "--topology",
-             str(tmp_path / "ring.yaml"), "--run-dir", str(tmp_path / "run"), "--quiet",
-             "--rounds", str(ROUNDS), "--checkpoint-every", str(EVERY), "--timeout", "60",
+            [sys.executable, "-m", "gossip", "peer", "--rank", str(rank), *meeting,
+             "--topology", str(tmp_path / "ring.yaml"), "--run-dir", str(tmp_path / "run"),
+             "--quiet", "--rounds", str(ROUNDS), "--checkpoint-every", str(EVERY),
+             "--timeout", "60",
              # The restart (a new Python, torch imported) must come back before its
              # neighbours give up on it: a rejoin, not a death.
              "--dead-after", "40", "--compute-delay", "0.03", *extra],
             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-@pytest.mark.slow
-def test_a_killed_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path):
-    ports = free_ports(4)
+def ring_of_four(tmp_path: Path, meeting: str) -> list[str]:
+    """Write the ring's topology file; returns the `gossip peer` flags that meet there.
+    ``static``: the file lists every address, a restart binds its port again;
+    ``rendezvous``: a graph-only file and rank 0's store, every start binds an ephemeral
+    port, so the restarted peer comes back at a new address its join carries."""
+    edges = [[r, (r + 1) % 4] for r in range(4)]
+    if meeting == "rendezvous":
+        (tmp_path / "ring.yaml").write_text(yaml.safe_dump({"edges": edges}))
+        store = free_ports(1)[0]
+        return ["--rendezvous", f"tcp://127.0.0.1:{store}?world_size=4"]
     (tmp_path / "ring.yaml").write_text(yaml.safe_dump({
-        "peers": [{"rank": r, "host": "127.0.0.1", "port": p} for r, p in enumerate(ports)],
-        "edges": [[r, (r + 1) % 4] for r in range(4)]}))
+        "peers": [{"rank": r, "host": "127.0.0.1", "port": p}
+                  for r, p in enumerate(free_ports(4))], "edges": edges}))
+    return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("meeting", ["static", "rendezvous"])
+def test_a_killed_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path, meeting):
+    flags = ring_of_four(tmp_path, meeting)
     metrics = tmp_path / "run" / f"peer-{VICTIM}.jsonl"
-    procs = {rank: start(rank, tmp_path) for rank in range(4)}
+    procs = {rank: start(rank, tmp_path, flags) for rank in range(4)}
     try:
         def victim_under_way() -> bool:
             assert all(p.poll() is None for p in procs.values()), _logs(tmp_path)
@@ -152,7 +167,7 @@ def test_a_killed_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path):
         os.kill(procs[VICTIM].pid, signal.SIGKILL)
         procs[VICTIM].wait()
         died_after = len(read_jsonl(metrics))  # rounds it had completed
-        procs[VICTIM] = start(VICTIM, tmp_path, "--resume")
+        procs[VICTIM] = start(VICTIM, tmp_path, flags, "--resume")
         for rank, proc in procs.items():
             assert proc.wait(timeout=120) == 0, _logs(tmp_path)
     finally:
@@ -183,6 +198,10 @@ def test_a_killed_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path):
     assert final[0]["consensus"] is not None and final[0]["consensus"] < 0.05
     assert "resumed from the checkpoint of round" in (
         tmp_path / f"peer-{VICTIM}-resumed.log").read_text()
+    moved = f"peer {VICTIM} restarted at tcp://127.0.0.1:"
+    for neighbour in ((VICTIM - 1) % 4, (VICTIM + 1) % 4):  # its join said where it is now
+        assert (moved in (tmp_path / f"peer-{neighbour}.log").read_text()) == (
+            meeting == "rendezvous"), neighbour
 
 
 def _logs(tmp_path: Path) -> str:
