@@ -9,7 +9,8 @@ from gossip.cli.common import fail_cleanly, main
 _SAYS = {"exact_mean": "returns the exact mean", "preserves_mean": "keeps the peers' average",
          "needs_every_peer": "needs every peer each round",
          "can_rejoin": "a restarted peer can rejoin", "checks_own_result": None,
-         "stops_rounds_early": "ends rounds at run time (no overlap)"}
+         "stops_rounds_early": "ends rounds at run time (no overlap)",
+         "plans_rounds": "plans each round (local steps, averages; no overlap)"}
 
 
 @main.command("strategies")

@@ -28,6 +28,12 @@ def refusal(capabilities: dict[str, Any]) -> str | None:
     if capabilities.get("stops_rounds_early"):
         return ("it decides at run time when a round's computation ends (stops_rounds_early), "
                 "so there is no fixed point to start its communication at")
+    if capabilities.get("plans_rounds"):
+        return ("it plans each round (local steps between averages, warm-up, optimizer "
+                "state at an average), which overlap's every-round mixing would override; "
+                "it already sends only in its averaging rounds: train it without overlap")
+    if capabilities.get("synchronous") is False:
+        return "it is asynchronous: its exchanges already run between mini-batches"
     return None
 
 
@@ -39,10 +45,15 @@ class Overlap:
         check_caps(bucket_mb, first_bucket_mb)
         strategy = peer.strategy
         why = refusal({key: getattr(strategy, key, None) for key in
-                       ("stops_rounds_early", "operates_on")})
+                       ("stops_rounds_early", "plans_rounds", "synchronous")})
         if why:
             raise ConfigError(f"overlap: strategy {type(strategy).__name__}: {why}")
         params = [p for p in model.parameters() if p.requires_grad]
+        if strategy.operates_on == "params" and any(b.is_floating_point()
+                                                    for b in model.buffers()):
+            raise ConfigError("overlap: the model has floating-point buffers (e.g. BatchNorm "
+                              "running statistics), which combine-then-adapt would not mix "
+                              "with the parameters: train it without overlap")
         try:
             layout = FlatLayout(params)
         except ValueError as exc:

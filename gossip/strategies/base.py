@@ -17,7 +17,8 @@ from gossip.transport import Message, Transport
 STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
 CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer",
-                "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early")
+                "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
+                "plans_rounds")
 #: The strategy a peer runs when none is named.
 DEFAULT = "dpsgd"
 #: An exact all-reduce mean over every peer (the consensus probe measures with it).
@@ -78,6 +79,9 @@ class Strategy(ABC):
     #: The strategy decides at run time when a round's computation ends (``stop_requested``
     #: may say stop): its combine point is not known in advance, so it cannot be overlapped.
     stops_rounds_early: ClassVar[bool] = False
+    #: ``round_plan`` varies from round to round (local SGD: local steps, averages, a
+    #: gradient-averaging warm-up, optimizer state reset or averaged at an average).
+    plans_rounds: ClassVar[bool] = False
 
     def __init__(self, *, rank: int, topology, transport: Transport,
                  options: Options | None = None):

@@ -275,15 +275,23 @@ def test_the_transport_has_one_owner_while_the_thread_works(local_topology, run_
     run_peers(2, main, timeout=3 * TIMEOUT)
 
 
-def test_overlap_refuses_a_strategy_that_ends_rounds_at_run_time(local_topology, run_peers):
+@pytest.mark.parametrize("strategy, options, model, message", [
+    ("nonblocking", {"inner": "dpsgd"}, torch.nn.Linear(2, 2),
+     "decides at run time when a round's computation ends"),
+    ("local", {"period": 4}, torch.nn.Linear(2, 2), "it plans each round"),
+    ("adpsgd", {}, torch.nn.Linear(2, 2), "it is asynchronous"),
+    ("dpsgd", {}, torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)),
+     "floating-point buffers .* would not mix"),
+], ids=["nonblocking", "local", "adpsgd", "dpsgd-batchnorm"])
+def test_overlap_refuses_what_it_would_get_wrong(strategy, options, model, message,
+                                                 local_topology, run_peers):
     topology = local_topology("ring", 2)
     all_bound = threading.Barrier(2, timeout=TIMEOUT)
 
     def main(rank: int):
-        with peer_once_all_bound(rank, topology, "nonblocking", all_bound, timeout=TIMEOUT,
-                                 inner="dpsgd") as peer:
-            with pytest.raises(ConfigError, match="decides at run time when a round's "
-                                                  "computation ends"):
-                peer.attach(torch.nn.Linear(2, 2))
+        with peer_once_all_bound(rank, topology, strategy, all_bound, timeout=TIMEOUT,
+                                 **options) as peer:
+            with pytest.raises(ConfigError, match=message):
+                peer.attach(model)
 
     run_peers(2, main, timeout=2 * TIMEOUT)

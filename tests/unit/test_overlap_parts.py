@@ -140,6 +140,8 @@ def test_overlap_with_a_strategy_that_ends_rounds_at_run_time_is_a_config_error(
     with pytest.raises(ConfigError, match="overlap: True with strategy nonblocking: it "
                                           "decides at run time"):
         TrainConfig(strategy="nonblocking", options={"inner": "dpsgd"}, overlap=True)
+    with pytest.raises(ConfigError, match="overlap: True with strategy local: it plans each"):
+        TrainConfig(strategy="local", options={"period": 8}, overlap=True)
     TrainConfig(strategy="dpsgd", overlap=True)  # its combine point is fixed
     for field, value in (("bucket_mb", 0.0), ("overlap", "yes"), ("layer_delay", -1.0)):
         with pytest.raises(ConfigError, match=field):

@@ -34,6 +34,7 @@ class Local(Strategy):
 
     options_class = LocalOptions
     operates_on = "params"
+    plans_rounds = True
 
     def __init__(self, *, rank, topology, transport, options: LocalOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
@@ -68,7 +69,7 @@ class Local(Strategy):
                 "exact_mean": bool(inner["exact_mean"] and every_round),
                 # an exact mean, a group mean and sending nothing all keep the average
                 "preserves_mean": bool(inner["preserves_mean"] or inner["exact_mean"]),
-                "can_rejoin": False, "checks_own_result": False}
+                "can_rejoin": False, "checks_own_result": False, "plans_rounds": True}
 
     @property
     def kinds(self) -> tuple[str, ...]:
