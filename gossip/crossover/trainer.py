@@ -1,10 +1,11 @@
-"""``DeviceTrainer``: the training loop on a shared device. The compute phase of each round
-(every mini-batch's forward and backward, and the emulated device time slept after each)
-holds the device; the synchronized step runs after it is released, while another job may
-compute."""
+"""``DeviceTrainer``: the training loop on a shared device. A round's device turn holds
+every mini-batch's forward and backward (and the emulated device time slept after each)
+and, for a parameter strategy, the local optimizer step; the turn ends before any
+communication, while another job may compute."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from gossip.clock import Clock
@@ -39,17 +40,31 @@ class DeviceTrainer(Trainer):
         super().__init__(peer, config, **kwargs)
         self.device = device
         self.clock = _DeviceClock(peer.clock, device)
+        self._turn = contextlib.ExitStack()
         self._hold: Hold | None = None
+        # A parameter strategy's local step is device work: the turn ends right after it,
+        # inside Peer.step, before the exchange (closing a closed turn does nothing).
+        self.optimizer.register_step_post_hook(lambda *_: self._turn.close())
 
     def train_round(self, rnd: int) -> Record:
         start_wall = self.clock.time()
-        record = super().train_round(rnd)
+        try:
+            record = super().train_round(rnd)
+        finally:
+            self._turn.close()
         hold = self._hold
         return dataclasses.replace(record, device_wait_s=hold.wait_s,
                                    device_hold_s=hold.hold_s, round_start_wall=start_wall)
 
     def compute(self, rnd: int) -> Work:
-        with self.device.compute(rnd) as hold:
-            work = super().compute(rnd)
-        self._hold = hold
-        return work
+        self._hold = self._turn.enter_context(self.device.compute(rnd))
+        return super().compute(rnd)
+
+    def synchronize(self, rnd: int, work: Work) -> float:
+        # Gradients are averaged before the step, an attached model's step waits for its
+        # communication thread, and a peer that computed nothing takes no step: the turn
+        # ends before the step.
+        if (self.config.overlap or not work.minibatches
+                or self.peer.strategy.round_plan(rnd).operates_on == "grads"):
+            self._turn.close()
+        return super().synchronize(rnd, work)

@@ -30,6 +30,7 @@ def run_jobs(jobs, arbiter=None):
     """Every job's peers as threads; returns each (job, rank)'s final flat model and
     records."""
     models, records, errors = {}, {}, []
+    steps_held = {(job, rank): [] for job in jobs for rank in range(PEERS)}
 
     def peer_main(job, config, topology, all_bound, rank):
         try:
@@ -40,6 +41,10 @@ def run_jobs(jobs, arbiter=None):
                 else:
                     lock = arbiter.lock(f"dev{rank}", job, rank, timeout=30)
                     trainer = DeviceTrainer(peer, config, device=lock, on_round=lines.append)
+                    trainer.optimizer.register_step_pre_hook(
+                        lambda *_, job=job, rank=rank: steps_held[job, rank].append(
+                            arbiter._rotation(f"dev{rank}").holder is not None
+                            and arbiter._rotation(f"dev{rank}").holder.job == job))
                 try:
                     trainer.run()
                 finally:
@@ -62,14 +67,17 @@ def run_jobs(jobs, arbiter=None):
     for t in threads:
         t.join(timeout=60)
     assert not errors, errors
-    return models, records
+    return models, records, steps_held
 
 
 @pytest.mark.slow
 def test_jobs_sharing_devices_train_bitwise_as_alone(tmp_path):
-    solo, solo_records = run_jobs(JOBS)
+    solo, solo_records, _ = run_jobs(JOBS)
     arbiter = LocalArbiter(grant_log=tmp_path / "grants.jsonl")
-    shared, shared_records = run_jobs(JOBS, arbiter)
+    shared, shared_records, steps_held = run_jobs(JOBS, arbiter)
+    # dpsgd's local step is device work in its turn; ring-allreduce steps after averaging
+    assert all(steps_held["a", r] == [True] * 4 for r in range(PEERS)), steps_held
+    assert all(steps_held["b", r] == [False] * 4 for r in range(PEERS)), steps_held
     for key, model in solo.items():
         assert torch.equal(model, shared[key]), key
     grants = read_grants(tmp_path / "grants.jsonl")
