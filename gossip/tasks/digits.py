@@ -8,12 +8,14 @@ strategies show up.
 from __future__ import annotations
 
 import functools
+from importlib import metadata
 
 import numpy as np
 import torch
 from torch import nn
 
 from gossip.tasks.base import TASKS, Split, Task
+from gossip.tasks.cache import cached_arrays
 
 NUM_FEATURES = 64
 HIDDEN = 128
@@ -27,10 +29,17 @@ def build_mlp() -> nn.Module:
 
 @functools.lru_cache(maxsize=4)
 def _arrays(seed: int) -> tuple[np.ndarray, ...]:
-    """The standardized split of ``seed``, computed once per process: a simulation builds
-    the task once per peer, and 1,000 copies of the data would be half a gigabyte. The
-    tasks built from it share these arrays; nothing changes them in place."""
-    # Imported here: sklearn is slow to import and only this factory needs it.
+    """The standardized split of ``seed``, computed once per machine (``cached_arrays``) and
+    loaded once per process: a simulation builds the task once per peer, and 1,000 copies
+    of the data would be half a gigabyte. The tasks built from it share these arrays;
+    nothing changes them in place."""
+    key = f"digits-split{seed}-sklearn{metadata.version('scikit-learn')}"
+    arrays = cached_arrays(key, functools.partial(_split, seed))
+    return tuple(arrays[name] for name in ("x_tr", "y_tr", "x_te", "y_te"))
+
+
+def _split(seed: int) -> dict[str, np.ndarray]:
+    # Imported here: sklearn is slow to import and only this needs it.
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -41,9 +50,8 @@ def _arrays(seed: int) -> tuple[np.ndarray, ...]:
     mean = x_tr.mean(axis=0)
     std = x_tr.std(axis=0)
     std[std == 0] = 1.0  # border pixels are constant 0; leave them at 0, not NaN
-    x_tr = (x_tr - mean) / std
-    x_te = (x_te - mean) / std
-    return np.ascontiguousarray(x_tr), y_tr, np.ascontiguousarray(x_te), y_te
+    return {"x_tr": np.ascontiguousarray((x_tr - mean) / std), "y_tr": y_tr,
+            "x_te": np.ascontiguousarray((x_te - mean) / std), "y_te": y_te}
 
 
 @TASKS.register("digits")
