@@ -1,0 +1,41 @@
+"""Sizes-only simulation: the strategy's message pattern replayed without payloads sends the
+bytes per kind a full simulation (the real strategy code, real math) sends."""
+
+from __future__ import annotations
+
+import pytest
+
+from gossip.config import TrainConfig
+from gossip.errors import ConfigError
+from gossip.sim import MeasuredCompute, NetworkModel, Simulation, simulate_run
+from gossip.sim.sizes import simulate_sizes
+from gossip.topology import Topology
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("peers", [3, 5])
+def test_sizes_only_bytes_per_kind_equal_the_full_simulation(peers):
+    config = TrainConfig.from_dict({"strategy": "spardl", "rounds": 2, "batch_size": 8,
+                                    "eval_every": 100, "seed": 1,
+                                    "options": {"indices": "int32", "density": 0.05}})
+    simulation = Simulation(network=NetworkModel(rate="100mbit", latency=0.001))
+    full = simulate_run(config, Topology.generate("ring", peers), "unused", simulation,
+                        write=False)
+    sizes = simulate_sizes(config, peers, simulation)
+    kinds = sizes.bytes_sent
+    assert set(kinds) == {"spardl.rs", "spardl.ag"}
+    for kind, sent in kinds.items():
+        assert sent == sum(stats["by_kind"][kind]["bytes_sent"]
+                           for stats in full.stats.values()), kind
+    assert sizes.messages == sum(stats["by_kind"][kind]["messages_sent"]
+                                 for stats in full.stats.values() for kind in kinds)
+    assert sizes.round_end.shape == (2, peers) and (sizes.round_end[1] > sizes.round_end[0]).all()
+
+
+def test_sizes_only_refuses_what_it_cannot_replay():
+    config = TrainConfig.from_dict({"strategy": "gtopk", "rounds": 1})
+    with pytest.raises(ConfigError, match="strategy 'gtopk' has no traffic plan"):
+        simulate_sizes(config, 3, Simulation())
+    config = TrainConfig.from_dict({"strategy": "spardl", "rounds": 1})
+    with pytest.raises(ConfigError, match="--compute measured needs the math"):
+        simulate_sizes(config, 3, Simulation(compute=MeasuredCompute()))
