@@ -13,18 +13,19 @@ from gossip.topology import Topology
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("peers", [3, 5])
-def test_sizes_only_bytes_per_kind_equal_the_full_simulation(peers):
-    config = TrainConfig.from_dict({"strategy": "spardl", "rounds": 2, "batch_size": 8,
+@pytest.mark.parametrize("strategy, peers, kinds", [
+    ("spardl", 3, {"spardl.rs", "spardl.ag"}), ("spardl", 5, {"spardl.rs", "spardl.ag"}),
+    ("gtopk", 5, {"gtopk.up", "gtopk.down"}), ("topk-allgather", 3, {"tkag"})])
+def test_sizes_only_bytes_per_kind_equal_the_full_simulation(strategy, peers, kinds):
+    config = TrainConfig.from_dict({"strategy": strategy, "rounds": 2, "batch_size": 8,
                                     "eval_every": 100, "seed": 1,
                                     "options": {"indices": "int32", "density": 0.05}})
     simulation = Simulation(network=NetworkModel(rate="100mbit", latency=0.001))
     full = simulate_run(config, Topology.generate("ring", peers), "unused", simulation,
                         write=False)
     sizes = simulate_sizes(config, peers, simulation)
-    kinds = sizes.bytes_sent
-    assert set(kinds) == {"spardl.rs", "spardl.ag"}
-    for kind, sent in kinds.items():
+    assert set(sizes.bytes_sent) == kinds
+    for kind, sent in sizes.bytes_sent.items():
         assert sent == sum(stats["by_kind"][kind]["bytes_sent"]
                            for stats in full.stats.values()), kind
     assert sizes.messages == sum(stats["by_kind"][kind]["messages_sent"]
@@ -33,8 +34,8 @@ def test_sizes_only_bytes_per_kind_equal_the_full_simulation(peers):
 
 
 def test_sizes_only_refuses_what_it_cannot_replay():
-    config = TrainConfig.from_dict({"strategy": "gtopk", "rounds": 1})
-    with pytest.raises(ConfigError, match="strategy 'gtopk' has no traffic plan"):
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 1})
+    with pytest.raises(ConfigError, match="strategy 'dpsgd' has no traffic plan"):
         simulate_sizes(config, 3, Simulation())
     config = TrainConfig.from_dict({"strategy": "spardl", "rounds": 1})
     with pytest.raises(ConfigError, match="--compute measured needs the math"):

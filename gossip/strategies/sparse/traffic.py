@@ -53,3 +53,36 @@ def spardl_traffic(rank: int, size: int, n: int, dtype: torch.dtype, options,
         nbytes = blocks_bytes(r, ag, n, step, ids, k, length, dtype, options.indices)
         steps.append(Step((((r - d) % p, ag, nbytes),), (((r + d) % p, ag),)))
     return steps
+
+
+def _one_block(rank: int, kind: str, n: int, step: int, dtype, options) -> int:
+    """Bytes of a message carrying one set of k entries of the whole tensor (block 0)."""
+    k = k_for(options.density, n)
+    return blocks_bytes(rank, kind, n, step, np.zeros(1, dtype=np.int64), k, n, dtype,
+                        options.indices)
+
+
+def topk_allgather_traffic(rank: int, size: int, n: int, dtype: torch.dtype,
+                           options) -> list[Step]:
+    """TopK-AllGather's round: one set to every other peer, then one from each."""
+    others = [p for p in range(size) if p != rank]
+    nbytes = _one_block(rank, options.tag, n, 0, dtype, options)
+    return [Step(tuple((dst, options.tag, nbytes) for dst in others),
+                 tuple((src, options.tag) for src in others))]
+
+
+def gtopk_traffic(rank: int, size: int, n: int, dtype: torch.dtype, options,
+                  reduce: list, broadcast: list) -> list[Step]:
+    """gTop-k's round on its tree steps (``reduce_steps``, ``broadcast_steps``): merges
+    keep k entries, so every message carries k."""
+    up, down = f"{options.tag}.up", f"{options.tag}.down"
+    steps = []
+    for action, peer, level in reduce:
+        if action == "send":
+            steps.append(Step(((peer, up, _one_block(rank, up, n, level, dtype, options)),), ()))
+        else:
+            steps.append(Step((), ((peer, up),)))
+    nbytes = _one_block(rank, down, n, 0, dtype, options)
+    sends = tuple((peer, down, nbytes) for action, peer in broadcast if action == "send")
+    recvs = tuple((peer, down) for action, peer in broadcast if action == "recv")
+    return steps + [Step((), recvs), Step(sends, ())]
