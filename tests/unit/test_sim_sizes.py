@@ -12,14 +12,17 @@ from gossip.sim.sizes import simulate_sizes
 from gossip.topology import Topology
 
 
+SPARSE = {"indices": "int32", "density": 0.05}
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy, peers, kinds", [
-    ("spardl", 3, {"spardl.rs", "spardl.ag"}), ("spardl", 5, {"spardl.rs", "spardl.ag"}),
-    ("gtopk", 5, {"gtopk.up", "gtopk.down"}), ("topk-allgather", 3, {"tkag"})])
-def test_sizes_only_bytes_per_kind_equal_the_full_simulation(strategy, peers, kinds):
+@pytest.mark.parametrize("strategy, peers, options, kinds", [
+    ("spardl", 3, SPARSE, {"spardl.rs", "spardl.ag"}),
+    ("spardl", 5, SPARSE, {"spardl.rs", "spardl.ag"}),
+    ("gtopk", 5, SPARSE, {"gtopk.up", "gtopk.down"}), ("topk-allgather", 3, SPARSE, {"tkag"}),
+    ("ring-allreduce", 5, {"piece_bytes": 1000}, {"ring.rs", "ring.ag"})])
+def test_sizes_only_bytes_per_kind_equal_the_full_simulation(strategy, peers, options, kinds):
     config = TrainConfig.from_dict({"strategy": strategy, "rounds": 2, "batch_size": 8,
-                                    "eval_every": 100, "seed": 1,
-                                    "options": {"indices": "int32", "density": 0.05}})
+                                    "eval_every": 100, "seed": 1, "options": options})
     simulation = Simulation(network=NetworkModel(rate="100mbit", latency=0.001))
     full = simulate_run(config, Topology.generate("ring", peers), "unused", simulation,
                         write=False)
