@@ -1,5 +1,6 @@
 """Sizes-only simulation: the strategy's message pattern replayed without payloads sends the
-bytes per kind a full simulation (the real strategy code, real math) sends."""
+bytes per kind a full simulation (the real strategy code, real math) sends, and its peers
+finish their rounds at the same virtual times."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ SPARSE = {"indices": "int32", "density": 0.05}
     ("ring-allreduce", 5, {"piece_bytes": 1000}, {"ring.rs", "ring.ag"})])
 def test_sizes_only_bytes_per_kind_equal_the_full_simulation(strategy, peers, options, kinds):
     config = TrainConfig.from_dict({"strategy": strategy, "rounds": 2, "batch_size": 8,
-                                    "eval_every": 100, "seed": 1, "options": options})
+                                    "eval_every": 100, "seed": 1, "options": options,
+                                    "delays": {"compute": 0.01}})
     simulation = Simulation(network=NetworkModel(rate="100mbit", latency=0.001))
     full = simulate_run(config, Topology.generate("ring", peers), "unused", simulation,
                         write=False)
@@ -33,7 +35,10 @@ def test_sizes_only_bytes_per_kind_equal_the_full_simulation(strategy, peers, op
                            for stats in full.stats.values()), kind
     assert sizes.messages == sum(stats["by_kind"][kind]["messages_sent"]
                                  for stats in full.stats.values() for kind in kinds)
-    assert sizes.round_end.shape == (2, peers) and (sizes.round_end[1] > sizes.round_end[0]).all()
+    # Without the math, the same virtual times too (the last round also runs the probe).
+    assert sizes.round_end[0].tolist() == pytest.approx(
+        [full.records[rank][0]["time"] for rank in range(peers)], rel=1e-9)
+    assert (sizes.round_end[1] > sizes.round_end[0]).all()
 
 
 def test_sizes_only_refuses_what_it_cannot_replay():
