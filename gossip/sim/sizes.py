@@ -87,7 +87,7 @@ class _Replay:
         self.step = [0] * size
         self.sent = [False] * size
         self.computing = [True] * size
-        self.arrived = [Counter() for _ in range(size)]
+        self.arrived: list[dict] = [{} for _ in range(size)]  # (round, src, kind): count
         self.round_end = np.zeros((config.rounds, size))
         self.bytes_sent: Counter = Counter()
         self.messages = 0
@@ -108,7 +108,8 @@ class _Replay:
         self._advance(rank)
 
     def _arrive(self, dst: int, key: tuple) -> None:
-        self.arrived[dst][key] += 1
+        arrived = self.arrived[dst]
+        arrived[key] = arrived.get(key, 0) + 1
         if not self.computing[dst]:
             self._advance(dst)
 
@@ -126,19 +127,22 @@ class _Replay:
                 return
             sends, recvs = plan[step]
             if not self.sent[rank]:
-                extra = self._extra[rnd]
+                extra, send, counted = self._extra[rnd], self.links.send, self.bytes_sent
                 for dst, kind, nbytes in sends:
                     nbytes += extra
-                    self.bytes_sent[kind] += nbytes
-                    self.messages += 1
-                    self.links.send(rank, dst, nbytes, _Arrival(self, dst, (rnd, rank, kind)))
+                    counted[kind] += nbytes
+                    send(rank, dst, nbytes, _Arrival(self, dst, (rnd, rank, kind)))
+                self.messages += len(sends)
                 self.sent[rank] = True
-            keys = [(rnd, src, kind) for src, kind in recvs]
-            if any(arrived[key] == 0 for key in keys):
-                return  # woken again by the arrival it waits for
-            for key in keys:
-                arrived[key] -= 1
-                if not arrived[key]:
+            for src, kind in recvs:
+                if (rnd, src, kind) not in arrived:
+                    return  # woken again by the arrival it waits for
+            for src, kind in recvs:
+                key = (rnd, src, kind)
+                left = arrived[key] - 1
+                if left:
+                    arrived[key] = left
+                else:
                     del arrived[key]
             self.sent[rank] = False
             self.step[rank] = step + 1
