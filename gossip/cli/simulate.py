@@ -83,14 +83,14 @@ def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, mess
         network=NetworkModel(rate=rate, rates=per_rank, latency=latency, sharing=sharing,
                              message_s=message_cost, byte_s=byte_cost),
         compute=parse_compute(compute_model),
-        kills=_rank_values("--kill", kills), probe=probe)
+        kills=_rank_values("--kill", kills), probe=probe, sizes_only=sizes_only)
     run_dir = Path(run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.strategy}-sim")
     click.echo(f"{topology.size} simulated peers, {topology.name or 'topology'}, strategy "
                f"{config.strategy}, {config.rounds} rounds -> {run_dir}")
-    if sizes_only:
+    if simulation.sizes_only:
         from gossip.sim.sizes import simulate_sizes
 
-        summary = simulate_sizes(config, topology.size, simulation, run_dir,
+        summary = simulate_sizes(config, topology, simulation, run_dir,
                                  progress=None if quiet else config.strategy).summary()
         click.echo(", ".join(f"{key} {value}" for key, value in summary.items()))
         click.echo(f"run directory: {run_dir}")

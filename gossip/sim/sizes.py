@@ -15,7 +15,9 @@ import json
 import resource
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ from tqdm import tqdm
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 from gossip.sim.clock import MeasuredCompute
+from gossip.sim.runner import write_run_dir
 from gossip.sim.scheduler import Scheduler
 from gossip.strategies import STRATEGIES
 from gossip.strategies.traffic import round_bytes
@@ -36,6 +39,7 @@ class SizesResult:
     """A finished sizes-only run."""
 
     round_end: np.ndarray  # [rounds, peers]: virtual time each peer finished each round
+    compute_s: np.ndarray  # every peer-round's modelled compute seconds
     bytes_sent: dict[str, int]  # per kind, every peer and round
     messages: int
     wall_s: float
@@ -48,6 +52,7 @@ class SizesResult:
         return {"peers": int(ends.shape[1]), "rounds": int(ends.shape[0]),
                 "virtual_s": float(ends.max()) if ends.size else 0.0,
                 "median_round_s": float(np.median(ends - starts)) if ends.size else 0.0,
+                "median_compute_s": float(np.median(self.compute_s)) if ends.size else 0.0,
                 "bytes_sent": dict(self.bytes_sent), "messages": self.messages,
                 "wall_s": self.wall_s, "events": self.events, "max_rss_mb": self.max_rss_mb}
 
@@ -91,6 +96,7 @@ class _Replay:
         self.round_end = np.zeros((config.rounds, size))
         self.bytes_sent: Counter = Counter()
         self.messages = 0
+        self.compute_s: list[float] = []
         self._extra = [round_bytes(r) for r in range(config.rounds)]
 
     def start(self) -> None:
@@ -100,6 +106,7 @@ class _Replay:
     def _compute(self, rank: int) -> None:
         delays, first = self.delays[rank], self.round[rank] * self.minibatches
         seconds = sum(delays.minibatch_delay(first + i, 0.0) for i in range(self.minibatches))
+        self.compute_s.append(seconds)
         self.computing[rank] = True
         self.scheduler.at(self.scheduler.now + seconds, self._computed, rank)
 
@@ -158,32 +165,34 @@ class _Arrival:
         self.replay._arrive(self.dst, self.key)
 
 
-def simulate_sizes(config: TrainConfig, size: int, simulation, run_dir: str | Path | None = None,
-                   *, progress: str | None = None) -> SizesResult:
-    """Replay ``config``'s strategy on ``size`` peers for ``config.rounds`` rounds; writes
-    ``sizes.json`` (the summary) into ``run_dir`` if given."""
+def simulate_sizes(config: TrainConfig, topology, simulation,
+                   run_dir: str | Path | None = None, *,
+                   extra_config: Mapping[str, Any] | None = None,
+                   progress: str | None = None) -> SizesResult:
+    """Replay ``config``'s strategy on ``topology``'s peers for ``config.rounds`` rounds;
+    with ``run_dir``, writes its topology.yaml and config.yaml as `gossip simulate` does,
+    and ``sizes.json`` (``SizesResult.summary``) instead of peer records."""
     if isinstance(simulation.compute, MeasuredCompute):
         raise ConfigError("--sizes-only: --compute measured needs the math; use model or "
                           "lognormal:MEDIAN:SIGMA")
     if simulation.kills:
         raise ConfigError("--sizes-only: --kill is not simulated without the peers' code")
+    size = topology.size
     simulation.check(size)
     config.delays.check_ranks(size)
     started = time.perf_counter()
     found = plans(config, size)
+    if run_dir is not None:
+        write_run_dir(config, topology, Path(run_dir), simulation, extra_config)
     with tqdm(total=config.rounds * size, unit="round", desc=progress,
               disable=progress is None) as bar:
         replay = _Replay(config, simulation, found, bar)
         replay.start()
         replay.scheduler.run()
-    result = SizesResult(replay.round_end, dict(replay.bytes_sent), replay.messages,
+    result = SizesResult(replay.round_end, np.array(replay.compute_s),
+                         dict(replay.bytes_sent), replay.messages,
                          time.perf_counter() - started, replay.scheduler.events,
                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     if run_dir is not None:
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "sizes.json").write_text(json.dumps(
-            {"strategy": config.strategy, "options": dict(config.options),
-             "network": simulation.network.to_dict(),
-             "compute": simulation.compute.describe(), **result.summary()}, indent=1))
+        (Path(run_dir) / "sizes.json").write_text(json.dumps(result.summary(), indent=1))
     return result

@@ -28,7 +28,7 @@ def test_sizes_only_bytes_per_kind_equal_the_full_simulation(strategy, peers, op
     simulation = Simulation(network=NetworkModel(rate="100mbit", latency=0.001))
     full = simulate_run(config, Topology.generate("ring", peers), "unused", simulation,
                         write=False)
-    sizes = simulate_sizes(config, peers, simulation)
+    sizes = simulate_sizes(config, Topology.generate("ring", peers), simulation)
     assert set(sizes.bytes_sent) == kinds
     for kind, sent in sizes.bytes_sent.items():
         assert sent == sum(stats["by_kind"][kind]["bytes_sent"]
@@ -44,7 +44,7 @@ def test_sizes_only_bytes_per_kind_equal_the_full_simulation(strategy, peers, op
 def test_sizes_only_refuses_what_it_cannot_replay():
     config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 1})
     with pytest.raises(ConfigError, match="strategy 'dpsgd' has no traffic plan"):
-        simulate_sizes(config, 3, Simulation())
+        simulate_sizes(config, Topology.generate("ring", 3), Simulation())
     config = TrainConfig.from_dict({"strategy": "spardl", "rounds": 1})
     with pytest.raises(ConfigError, match="--compute measured needs the math"):
-        simulate_sizes(config, 3, Simulation(compute=MeasuredCompute()))
+        simulate_sizes(config, Topology.generate("ring", 3), Simulation(compute=MeasuredCompute()))
