@@ -42,6 +42,8 @@ class Simulation:
         probe: ``exchange``: the consensus probe is the real all-reduce (bitwise a real
             run's); ``oracle``: the simulator computes it (gossip/sim/probe.py), for many
             peers.
+        sizes_only: Replay the strategy's message sizes without payloads or math
+            (gossip/sim/sizes.py).
     """
 
     network: NetworkModel = field(default_factory=NetworkModel)
@@ -64,8 +66,9 @@ class Simulation:
     def from_dict(cls, data: Mapping[str, Any] | bool | None, *,
                   rate: str | None = None) -> Simulation:
         """From an experiment's ``simulate:`` value: ``true`` or a mapping of the network
-        model's fields plus ``compute`` (model, measured[:FACTOR]), ``probe`` and ``kills``
-        (``{rank: seconds}``); ``rate`` (the run's netns rate) is the default link rate."""
+        model's fields plus ``compute`` (model, measured[:FACTOR]), ``probe``,
+        ``sizes_only`` and ``kills`` (``{rank: seconds}``); ``rate`` (the run's netns rate)
+        is the default link rate."""
         data = {} if data is True or data is None else data
         if not isinstance(data, Mapping):
             raise ConfigError(f"simulate: expected true or a mapping, got {data!r}")
@@ -82,11 +85,17 @@ class Simulation:
         return cls(network=NetworkModel.from_dict(network),
                    compute=parse_compute(data.get("compute", "model")), kills=kills,
                    probe=data.get("probe", "exchange"),
-                   sizes_only=bool(data.get("sizes_only", False)))
+                   sizes_only=_flag(data.get("sizes_only", False)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"network": self.network.to_dict(), "compute": self.compute.describe(),
                 "kills": dict(self.kills), "probe": self.probe, "sizes_only": self.sizes_only}
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"simulate: sizes_only: expected true or false, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -196,7 +205,7 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
 
 
 def write_run_dir(config: TrainConfig, topology, run_dir: Path, simulation: Simulation,
-                   extra: Mapping[str, Any] | None) -> None:
+                  extra: Mapping[str, Any] | None) -> None:
     """topology.yaml and config.yaml as `gossip launch` writes them, plus ``simulate``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     topology.to_yaml(run_dir / "topology.yaml")

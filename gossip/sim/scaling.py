@@ -25,7 +25,7 @@ def scaling_rows(path: str | Path) -> list[dict]:
     (the gTop-k paper's: throughput on P peers over P times one peer's), and whether P was
     validated against real runs."""
     rows = []
-    for run_dir in run_dirs(Path(path)):
+    for run_dir in _scaling_dirs(Path(path)):
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         if (run_dir / "sizes.json").exists():
             rows.append(_sizes_row(run_dir, config))
@@ -48,6 +48,20 @@ def scaling_rows(path: str | Path) -> list[dict]:
     if not rows:
         raise ConfigError(f"{path}: no run has recorded a round yet")
     return sorted(rows, key=lambda row: (row["strategy"], row["peers"]))
+
+
+def _scaling_dirs(path: Path) -> list[Path]:
+    """Run directories with peer records (``run_dirs``), then those of sizes-only runs."""
+    if (path / "sizes.json").exists():
+        return [path]
+    sizes = sorted(d for d in path.iterdir() if (d / "sizes.json").exists()) \
+        if path.is_dir() else []
+    try:
+        return run_dirs(path) + sizes
+    except ConfigError:
+        if not sizes:
+            raise
+        return sizes
 
 
 def _sizes_row(run_dir: Path, config: dict) -> dict:

@@ -48,3 +48,28 @@ def test_sizes_only_refuses_what_it_cannot_replay():
     config = TrainConfig.from_dict({"strategy": "spardl", "rounds": 1})
     with pytest.raises(ConfigError, match="--compute measured needs the math"):
         simulate_sizes(config, Topology.generate("ring", 3), Simulation(compute=MeasuredCompute()))
+
+
+def test_sizes_only_in_an_experiment_must_be_a_boolean():
+    assert Simulation.from_dict({"sizes_only": True}).sizes_only
+    with pytest.raises(ConfigError, match="sizes_only: expected true or false, got 'no'"):
+        Simulation.from_dict({"sizes_only": "no"})
+
+
+def test_cli_sizes_only_writes_a_run_the_scaling_table_reads(tmp_path):
+    from click.testing import CliRunner
+
+    from gossip.cli import main
+    from gossip.sim.scaling import scaling_rows
+
+    run = tmp_path / "exp" / "spardl-4"
+    result = CliRunner().invoke(main, ["simulate", "--peers", "4", "--strategy", "spardl",
+                                       "--rounds", "2", "--rate", "1gbit", "--compute-delay",
+                                       "0.001", "--sizes-only", "--quiet", "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    (row,) = scaling_rows(tmp_path / "exp")
+    assert (row["strategy"], row["peers"], row["point"]) == ("spardl", 4, "validated (sizes only)")
+    assert row["compute_s"] == pytest.approx(0.001) and 0 < row["efficiency"] < 1
+    result = CliRunner().invoke(main, ["simulate", "--peers", "3", "--strategy", "dpsgd",
+                                       "--sizes-only", "--quiet", "--run-dir", str(run)])
+    assert result.exit_code != 0 and "has no traffic plan" in result.output
