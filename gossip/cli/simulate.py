@@ -57,11 +57,14 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
 @click.option("--probe", type=click.Choice(["exchange", "oracle"]), default="exchange",
               show_default=True, help="Consensus probe: the real all-reduce, or computed by "
                                       "the simulator (for many peers).")
+@click.option("--sizes-only", is_flag=True,
+              help="Replay the strategy's messages as sizes, without payloads or math (for "
+                   "10^4 peers; writes sizes.json, no peer records).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_train_options
 @fail_cleanly
 def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, message_cost,
-             byte_cost, compute_model, kills, probe, quiet, config_path, strategy_options,
+             byte_cost, compute_model, kills, probe, sizes_only, quiet, config_path, strategy_options,
              **flags):
     """Simulate a run: the peers' real code in virtual time on a modelled network.
 
@@ -80,10 +83,18 @@ def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, mess
         network=NetworkModel(rate=rate, rates=per_rank, latency=latency, sharing=sharing,
                              message_s=message_cost, byte_s=byte_cost),
         compute=parse_compute(compute_model),
-        kills=_rank_values("--kill", kills), probe=probe)
+        kills=_rank_values("--kill", kills), probe=probe, sizes_only=sizes_only)
     run_dir = Path(run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.strategy}-sim")
     click.echo(f"{topology.size} simulated peers, {topology.name or 'topology'}, strategy "
                f"{config.strategy}, {config.rounds} rounds -> {run_dir}")
+    if simulation.sizes_only:
+        from gossip.sim.sizes import simulate_sizes
+
+        summary = simulate_sizes(config, topology, simulation, run_dir,
+                                 progress=None if quiet else config.strategy).summary()
+        click.echo(", ".join(f"{key} {value}" for key, value in summary.items()))
+        click.echo(f"run directory: {run_dir}")
+        return
     result = simulate_run(config, topology, run_dir, simulation,
                           progress=None if quiet else config.strategy)
     from gossip.launch import Death

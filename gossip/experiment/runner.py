@@ -72,6 +72,12 @@ def _launch(run: Run, run_dir: Path, *, progress: bool) -> float:
     for stale in run_dir.glob("peer-*.jsonl"):  # a re-run must not mix with old records
         stale.unlink()
     label = run.name + (f" @{parse_rate(run.rate)}" if run.rate is not None else "")
+    if run.simulation is not None and run.simulation.sizes_only:
+        from gossip.sim.sizes import simulate_sizes
+
+        return simulate_sizes(run.config, _topology(run), run.simulation, run_dir,
+                              extra_config={"run": run.name},
+                              progress=f"{label} (sizes only)" if progress else None).wall_s
     if run.simulation is not None:
         from gossip.sim import simulate_run
 

@@ -42,12 +42,15 @@ class Simulation:
         probe: ``exchange``: the consensus probe is the real all-reduce (bitwise a real
             run's); ``oracle``: the simulator computes it (gossip/sim/probe.py), for many
             peers.
+        sizes_only: Replay the strategy's message sizes without payloads or math
+            (gossip/sim/sizes.py).
     """
 
     network: NetworkModel = field(default_factory=NetworkModel)
     compute: Any = ModelledCompute()
     kills: Mapping[int, float] = field(default_factory=dict)
     probe: str = "exchange"
+    sizes_only: bool = False  # replay message sizes without the math (gossip/sim/sizes.py)
 
     def check(self, size: int) -> None:
         self.network.check_ranks(size)
@@ -63,12 +66,14 @@ class Simulation:
     def from_dict(cls, data: Mapping[str, Any] | bool | None, *,
                   rate: str | None = None) -> Simulation:
         """From an experiment's ``simulate:`` value: ``true`` or a mapping of the network
-        model's fields plus ``compute`` (model, measured[:FACTOR]), ``probe`` and ``kills``
-        (``{rank: seconds}``); ``rate`` (the run's netns rate) is the default link rate."""
+        model's fields plus ``compute`` (model, measured[:FACTOR]), ``probe``,
+        ``sizes_only`` and ``kills`` (``{rank: seconds}``); ``rate`` (the run's netns rate)
+        is the default link rate."""
         data = {} if data is True or data is None else data
         if not isinstance(data, Mapping):
             raise ConfigError(f"simulate: expected true or a mapping, got {data!r}")
-        network = {k: v for k, v in data.items() if k not in ("compute", "probe", "kills")}
+        network = {k: v for k, v in data.items()
+                   if k not in ("compute", "probe", "kills", "sizes_only")}
         if rate is not None:
             network.setdefault("rate", rate)
         kills = data.get("kills") or {}
@@ -79,11 +84,18 @@ class Simulation:
                 from None
         return cls(network=NetworkModel.from_dict(network),
                    compute=parse_compute(data.get("compute", "model")), kills=kills,
-                   probe=data.get("probe", "exchange"))
+                   probe=data.get("probe", "exchange"),
+                   sizes_only=_flag(data.get("sizes_only", False)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"network": self.network.to_dict(), "compute": self.compute.describe(),
-                "kills": dict(self.kills), "probe": self.probe}
+                "kills": dict(self.kills), "probe": self.probe, "sizes_only": self.sizes_only}
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"simulate: sizes_only: expected true or false, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,7 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
                           "(set it to 0)")
     run_dir = Path(run_dir)
     if write:
-        _write_run_dir(config, topology, run_dir, simulation, extra_config)
+        write_run_dir(config, topology, run_dir, simulation, extra_config)
     world = SimWorld(size, network=simulation.network, compute=simulation.compute,
                      threads=peer_threads())
     records: dict[int, list[dict]] = {rank: [] for rank in range(size)}
@@ -192,8 +204,8 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
     return run
 
 
-def _write_run_dir(config: TrainConfig, topology, run_dir: Path, simulation: Simulation,
-                   extra: Mapping[str, Any] | None) -> None:
+def write_run_dir(config: TrainConfig, topology, run_dir: Path, simulation: Simulation,
+                  extra: Mapping[str, Any] | None) -> None:
     """topology.yaml and config.yaml as `gossip launch` writes them, plus ``simulate``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     topology.to_yaml(run_dir / "topology.yaml")

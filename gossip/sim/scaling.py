@@ -3,6 +3,7 @@ scaling efficiency per strategy and P, each point marked validated or extrapolat
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,11 @@ def scaling_rows(path: str | Path) -> list[dict]:
     (the gTop-k paper's: throughput on P peers over P times one peer's), and whether P was
     validated against real runs."""
     rows = []
-    for run_dir in run_dirs(Path(path)):
+    for run_dir in _scaling_dirs(Path(path)):
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        if (run_dir / "sizes.json").exists():
+            rows.append(_sizes_row(run_dir, config))
+            continue
         records = [read_jsonl(p) for p in sorted(run_dir.glob("peer-*.jsonl"))]
         records = [r for r in records if r]
         if not records:
@@ -44,6 +48,31 @@ def scaling_rows(path: str | Path) -> list[dict]:
     if not rows:
         raise ConfigError(f"{path}: no run has recorded a round yet")
     return sorted(rows, key=lambda row: (row["strategy"], row["peers"]))
+
+
+def _scaling_dirs(path: Path) -> list[Path]:
+    """Run directories with peer records (``run_dirs``), then those of sizes-only runs."""
+    if (path / "sizes.json").exists():
+        return [path]
+    sizes = sorted(d for d in path.iterdir() if (d / "sizes.json").exists()) \
+        if path.is_dir() else []
+    try:
+        return run_dirs(path) + sizes
+    except ConfigError:
+        if not sizes:
+            raise
+        return sizes
+
+
+def _sizes_row(run_dir: Path, config: dict) -> dict:
+    """The row of a sizes-only run (gossip/sim/sizes.py): its summary, every round."""
+    summary = json.loads((run_dir / "sizes.json").read_text())
+    iteration, compute = summary["median_round_s"], summary["median_compute_s"]
+    return {"run": config.get("run", run_dir.name), "strategy": config["train"]["strategy"],
+            "peers": summary["peers"], "iteration_s": iteration, "compute_s": compute,
+            "efficiency": compute / iteration if iteration > 0 else float("nan"),
+            "point": ("validated" if summary["peers"] <= VALIDATED_UP_TO else "extrapolation")
+                      + " (sizes only)"}
 
 
 def _after_first(items):

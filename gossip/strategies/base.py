@@ -97,6 +97,14 @@ class Strategy(ABC):
         inner strategy's)."""
         return {key: getattr(cls, key, None) for key in CAPABILITIES}
 
+    @classmethod
+    def traffic(cls, rank: int, size: int, numel: int, dtype: torch.dtype,
+                options: Options) -> list | None:
+        """This rank's round as messages with sizes and no payloads (a list of
+        ``gossip.strategies.traffic.Step``) for a tensor of ``numel`` elements, or None
+        where the pattern depends on the values (the sizes-only simulation refuses those)."""
+        return None
+
     @property
     @abstractmethod
     def kinds(self) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from gossip.errors import ConfigError, ProtocolError
 from gossip.strategies.base import Strategy
 from gossip.strategies.ring.layout import RingLayout
 from gossip.strategies.ring.options import RingOptions
+from gossip.strategies.ring.traffic import ring_traffic
 from gossip.transport import Message
 from gossip.transport.codec import has_nonfinite
 
@@ -42,6 +43,12 @@ class RingAllReduce(Strategy):
     @property
     def kinds(self) -> tuple[str, ...]:
         return (f"{self.tag}.rs", f"{self.tag}.ag")
+
+    @classmethod
+    def traffic(cls, rank, size, numel, dtype, options):
+        pieces = RingLayout(rank, size, options.piece_bytes).pieces(
+            numel, torch.empty(0, dtype=dtype).element_size())
+        return ring_traffic(rank, size, numel, dtype, options.tag, pieces)
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:

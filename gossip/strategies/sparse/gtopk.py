@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from gossip.strategies.sparse.base import SparseStrategy
 from gossip.strategies.sparse.options import GTopKOptions
 from gossip.strategies.sparse.sets import keep_topk, member, merge_sum, select
+from gossip.strategies.sparse.traffic import gtopk_traffic
 from gossip.strategies.sparse.wire import encode_block, pack, unpack
 
 
@@ -73,6 +74,13 @@ class GTopK(SparseStrategy):
     @property
     def kinds(self) -> tuple[str, ...]:
         return (f"{self.tag}.up", f"{self.tag}.down")
+
+    @classmethod
+    def traffic(cls, rank, size, numel, dtype, options):
+        """Every set carries k entries (exact while none of them is 0; index bytes exact for
+        ``indices="int32"``)."""
+        return gtopk_traffic(rank, size, numel, dtype, options, list(reduce_steps(rank, size)),
+                             list(broadcast_steps(rank, size)))
 
     def _run(self, work, n, dest, round, timings) -> None:
         up, down = self.kinds

@@ -33,6 +33,7 @@ from gossip.errors import ProtocolError
 from gossip.strategies.sparse.base import SparseStrategy
 from gossip.strategies.sparse.options import SparDLOptions
 from gossip.strategies.sparse.sets import member, select
+from gossip.strategies.sparse.traffic import spardl_traffic
 from gossip.strategies.sparse.wire import Block, encode_block, pack, unpack
 
 
@@ -79,6 +80,13 @@ class SparDL(SparseStrategy):
     @property
     def kinds(self) -> tuple[str, ...]:
         return (f"{self.tag}.rs", f"{self.tag}.ag")
+
+    @classmethod
+    def traffic(cls, rank, size, numel, dtype, options):
+        """Every block carries k_b entries (exact while no selected entry is 0; index bytes
+        exact for ``indices="int32"``, else the compact code of evenly spread indices)."""
+        return spardl_traffic(rank, size, numel, dtype, options,
+                              reduce_scatter_schedule(size), all_gather_schedule(size))
 
     def _padded(self, n: int) -> int:
         return -(-n // self.size) * self.size

@@ -13,6 +13,7 @@ import torch
 from gossip.strategies.sparse.base import SparseStrategy
 from gossip.strategies.sparse.options import TopKAllGatherOptions
 from gossip.strategies.sparse.sets import select
+from gossip.strategies.sparse.traffic import topk_allgather_traffic
 from gossip.strategies.sparse.wire import encode_block, pack, unpack
 
 
@@ -24,6 +25,12 @@ class TopKAllGather(SparseStrategy):
     @property
     def kinds(self) -> tuple[str, ...]:
         return (self.tag,)
+
+    @classmethod
+    def traffic(cls, rank, size, numel, dtype, options):
+        """Every set carries k entries (exact while none of them is 0; index bytes exact for
+        ``indices="int32"``)."""
+        return topk_allgather_traffic(rank, size, numel, dtype, options)
 
     def _run(self, work, n, dest, round, timings) -> None:
         k = self._k(n)

@@ -52,8 +52,8 @@ def encode_block(block_id: int, idx: np.ndarray, val: np.ndarray, length: int,
 
 def pack(kind: str, round: int, blocks: Sequence[Block], *, n: int, step: int) -> Message:
     """One message carrying ``blocks`` of a tensor of length ``n``."""
-    meta = {"n": n, "s": step, "b": [b.id for b in blocks], "k": [int(b.idx.size) for b in blocks],
-            "ix": [b.scheme for b in blocks], "nb": [int(b.data.size) for b in blocks]}
+    meta = block_meta(n, step, [b.id for b in blocks], [int(b.idx.size) for b in blocks],
+                      [b.scheme for b in blocks], [int(b.data.size) for b in blocks])
     if len(blocks) == 1:
         values, data = blocks[0].val, blocks[0].data
     else:
@@ -61,6 +61,12 @@ def pack(kind: str, round: int, blocks: Sequence[Block], *, n: int, step: int) -
         data = np.concatenate([b.data for b in blocks])
     return Message(kind=kind, round=round, meta=meta,
                    buffers=(_tensor(values), _tensor(data)))
+
+
+def block_meta(n: int, step: int, ids: list, counts: list, schemes: list,
+               sizes: list) -> dict[str, Any]:
+    """The header meta of a message of blocks (the module docstring's ``meta``)."""
+    return {"n": n, "s": step, "b": ids, "k": counts, "ix": schemes, "nb": sizes}
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:

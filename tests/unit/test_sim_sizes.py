@@ -1,0 +1,75 @@
+"""Sizes-only simulation: the strategy's message pattern replayed without payloads sends the
+bytes per kind a full simulation (the real strategy code, real math) sends, and its peers
+finish their rounds at the same virtual times."""
+
+from __future__ import annotations
+
+import pytest
+
+from gossip.config import TrainConfig
+from gossip.errors import ConfigError
+from gossip.sim import MeasuredCompute, NetworkModel, Simulation, simulate_run
+from gossip.sim.sizes import simulate_sizes
+from gossip.topology import Topology
+
+
+SPARSE = {"indices": "int32", "density": 0.05}
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, peers, options, kinds", [
+    ("spardl", 3, SPARSE, {"spardl.rs", "spardl.ag"}),
+    ("spardl", 5, SPARSE, {"spardl.rs", "spardl.ag"}),
+    ("gtopk", 5, SPARSE, {"gtopk.up", "gtopk.down"}), ("topk-allgather", 3, SPARSE, {"tkag"}),
+    ("ring-allreduce", 5, {"piece_bytes": 1000}, {"ring.rs", "ring.ag"})])
+def test_sizes_only_bytes_per_kind_equal_the_full_simulation(strategy, peers, options, kinds):
+    config = TrainConfig.from_dict({"strategy": strategy, "rounds": 2, "batch_size": 8,
+                                    "eval_every": 100, "seed": 1, "options": options,
+                                    "delays": {"compute": 0.01}})
+    simulation = Simulation(network=NetworkModel(rate="100mbit", latency=0.001))
+    full = simulate_run(config, Topology.generate("ring", peers), "unused", simulation,
+                        write=False)
+    sizes = simulate_sizes(config, Topology.generate("ring", peers), simulation)
+    assert set(sizes.bytes_sent) == kinds
+    for kind, sent in sizes.bytes_sent.items():
+        assert sent == sum(stats["by_kind"][kind]["bytes_sent"]
+                           for stats in full.stats.values()), kind
+    assert sizes.messages == sum(stats["by_kind"][kind]["messages_sent"]
+                                 for stats in full.stats.values() for kind in kinds)
+    # Without the math, the same virtual times too (the last round also runs the probe).
+    assert sizes.round_end[0].tolist() == pytest.approx(
+        [full.records[rank][0]["time"] for rank in range(peers)], rel=1e-9)
+    assert (sizes.round_end[1] > sizes.round_end[0]).all()
+
+
+def test_sizes_only_refuses_what_it_cannot_replay():
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 1})
+    with pytest.raises(ConfigError, match="strategy 'dpsgd' has no traffic plan"):
+        simulate_sizes(config, Topology.generate("ring", 3), Simulation())
+    config = TrainConfig.from_dict({"strategy": "spardl", "rounds": 1})
+    with pytest.raises(ConfigError, match="--compute measured needs the math"):
+        simulate_sizes(config, Topology.generate("ring", 3), Simulation(compute=MeasuredCompute()))
+
+
+def test_sizes_only_in_an_experiment_must_be_a_boolean():
+    assert Simulation.from_dict({"sizes_only": True}).sizes_only
+    with pytest.raises(ConfigError, match="sizes_only: expected true or false, got 'no'"):
+        Simulation.from_dict({"sizes_only": "no"})
+
+
+def test_cli_sizes_only_writes_a_run_the_scaling_table_reads(tmp_path):
+    from click.testing import CliRunner
+
+    from gossip.cli import main
+    from gossip.sim.scaling import scaling_rows
+
+    run = tmp_path / "exp" / "spardl-4"
+    result = CliRunner().invoke(main, ["simulate", "--peers", "4", "--strategy", "spardl",
+                                       "--rounds", "2", "--rate", "1gbit", "--compute-delay",
+                                       "0.001", "--sizes-only", "--quiet", "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    (row,) = scaling_rows(tmp_path / "exp")
+    assert (row["strategy"], row["peers"], row["point"]) == ("spardl", 4, "validated (sizes only)")
+    assert row["compute_s"] == pytest.approx(0.001) and 0 < row["efficiency"] < 1
+    result = CliRunner().invoke(main, ["simulate", "--peers", "3", "--strategy", "dpsgd",
+                                       "--sizes-only", "--quiet", "--run-dir", str(run)])
+    assert result.exit_code != 0 and "has no traffic plan" in result.output
