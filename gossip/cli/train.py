@@ -208,6 +208,10 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
                          on_round=lambda record: bar.update(record["round"] + 1 - bar.n),
                          checkpoint_path=checkpoint_path if config.checkpoint_every or resume
                          else None, resume=resume, history=history, resume_round=agreed)
+    if not last:  # a restart that resumed at the last round: the job was already done
+        click.echo(f"peer {rank}: no round left to train (rounds {config.rounds}) metrics "
+                   f"{metrics_path}{resumed}")
+        return
     lost = "".join(f" lost peer {r} (round {at})" for r, at in last["lost_peers"].items())
     click.echo(f"peer {rank}: loss {last['loss']:.4f} accuracy {last['accuracy']:.4f} "
                f"bytes_sent {last['bytes_sent']} bytes_recv {last['bytes_recv']} "

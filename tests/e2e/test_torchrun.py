@@ -16,13 +16,15 @@ import pytest
 
 from gossip.metrics import read_jsonl
 
-# Whole launcher runs (torchrun starts 5 processes twice): opt-in, `pytest -m launchers`.
+# Whole launcher runs (torchrun starts 5 processes twice): `pytest -m launchers` runs only these.
 pytestmark = [pytest.mark.slow, pytest.mark.launchers]
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS, ROUNDS, EVERY, VICTIM = 4, 8, 2, 2
+# A round of at least 0.2 s (slept), so the kill lands while the victim still has rounds to
+# go, not after it finished (then the restart has nothing left to resume).
 TRAIN = ["--rounds", str(ROUNDS), "--checkpoint-every", str(EVERY), "--timeout", "120",
-         "--dead-after", "30"]
+         "--dead-after", "30", "--compute-delay", "0.2"]
 # What the model computes; bytes are compared at the end (a round's count depends on when
 # the next round's messages arrive).
 MODEL_FIELDS = ("round", "loss", "accuracy", "consensus", "avg_accuracy")

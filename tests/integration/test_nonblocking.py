@@ -122,8 +122,10 @@ def test_no_deadlock_when_a_peer_finished_none(inner, local_topology, open_peer,
     late = [r["minibatches"] for r in records[1]]
     assert 0 in late[1:], late
     assert all(r["loss"] is not None or r["minibatches"] == 0 for r in records[1])
-    for rank in (0, 2):  # (round 0 may find a peer still starting)
-        assert all(r["minibatches"] >= 1 for r in records[rank][1:])
+    # A round closes when the first peer has finished all its mini-batches (which of the
+    # prompt two depends on the scheduler: on a loaded machine one may finish none).
+    for rnd in range(len(late)):
+        assert max(records[rank][rnd]["minibatches"] for rank in range(P)) == 2, rnd
     if inner == "ring-allreduce":  # the same step everywhere, even for the peer with none
         assert torch.equal(params[1], params[0]) and torch.equal(params[2], params[0])
         assert records[0][-1]["consensus"] == pytest.approx(0.0, abs=1e-12)
