@@ -2,7 +2,8 @@
 no global round. It wraps a ``Trainer`` (training.py) and reuses its phases, changing what
 lockstep assumes:
 
-* each peer runs to its own budget (``config.rounds`` steps) and nobody waits for it;
+* each peer runs to its own budget and nobody waits for it: ``config.rounds`` steps, or
+  fewer once it has trained on ``budget_samples`` samples or for ``budget_seconds``;
 * the model's parameters are views into one flat tensor that the strategy mixes in place,
   so exchanges that arrive between mini-batches (``poll``) move the model itself;
 * a step is the optimizer's, then ``synchronize`` on that tensor (start an exchange, apply
@@ -49,12 +50,15 @@ class AsyncRunner:
         """Train this peer's rounds, then finish its exchanges; returns the last record."""
         trainer = self.trainer
         trainer.started = trainer.clock.monotonic()
-        record = None
+        record, samples = None, 0
         for rnd in range(trainer.first_round, trainer.config.rounds):
+            if self.spent(samples):
+                break
             before = self.peer.stats
             work = trainer.compute(rnd)
             comm_s = self.step(rnd, work.minibatches)
             record = trainer.record(rnd, work, comm_s, before=before, after=self.peer.stats)
+            samples += record.samples
             line = record.as_dict()
             if trainer.metrics is not None:
                 trainer.metrics.write(line)
@@ -63,6 +67,13 @@ class AsyncRunner:
         with self.peer.communicating():
             self.strategy.finish()
         return record
+
+    def spent(self, samples: int) -> bool:
+        """Whether this peer's sample or time budget is used up."""
+        config, trainer = self.trainer.config, self.trainer
+        return bool((config.budget_samples and samples >= config.budget_samples)
+                    or (config.budget_seconds and trainer.clock.monotonic() - trainer.started
+                        >= config.budget_seconds))
 
     def step(self, rnd: int, minibatches: int) -> float:
         """The optimizer's step on the mean gradient of ``minibatches`` mini-batches, then

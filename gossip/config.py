@@ -47,6 +47,9 @@ class TrainConfig:
             (``gossip.tasks.emulated``); 0: off.
         overlap: Overlap synchronization with computation (``Peer.attach``).
         bucket_mb: With ``overlap``: gradient bucket size in MiB (``.inf``: one bucket).
+        budget_samples: An asynchronous strategy's peer also stops once it has trained on
+            this many samples (0: no such limit; ``rounds`` always bounds it).
+        budget_seconds: ... or once this many seconds of training have passed (0: none).
     """
 
     strategy: str = ""  # empty: the default strategy (gossip.strategies.DEFAULT)
@@ -69,6 +72,8 @@ class TrainConfig:
     layer_delay: float = 0.0
     overlap: bool = False
     bucket_mb: float = 4.0
+    budget_samples: int = 0
+    budget_seconds: float = 0.0
 
     def __post_init__(self):
         from gossip.strategies import DEFAULT, STRATEGIES
@@ -100,8 +105,14 @@ class TrainConfig:
         _require(self.layer_delay >= 0, "layer_delay", self.layer_delay, "must be >= 0")
         _require(isinstance(self.overlap, bool), "overlap", self.overlap, "must be true or false")
         _require(self.bucket_mb > 0, "bucket_mb", self.bucket_mb, "must be > 0 (MiB)")
+        _require(self.budget_samples >= 0, "budget_samples", self.budget_samples,
+                 "must be >= 0 (0: no limit)")
+        _require(self.budget_seconds >= 0, "budget_seconds", self.budget_seconds,
+                 "must be >= 0 (0: no limit)")
         if self.overlap:
             _check_overlap(self.strategy, self.options)
+        if self.budget_samples or self.budget_seconds:
+            _check_asynchronous(self.strategy, self.options)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -152,6 +163,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
+
+
+def _check_asynchronous(strategy: str, options: Mapping[str, Any]) -> None:
+    from gossip.strategies import STRATEGIES
+
+    parsed = STRATEGIES.options(strategy, options)
+    if STRATEGIES.strategy_class(strategy, parsed).capabilities_for(parsed)["synchronous"]:
+        raise ConfigError(f"budget_samples/budget_seconds: strategy {strategy} runs in "
+                          f"lockstep rounds, so every peer must run the same rounds (give "
+                          f"rounds); budgets in samples or seconds need an asynchronous "
+                          f"strategy")
 
 
 def _check_overlap(strategy: str, options: Mapping[str, Any]) -> None:

@@ -21,6 +21,10 @@ def _train_options(fn):
     options = [
         click.option("--strategy", help="Synchronization strategy, e.g. dpsgd, ring-allreduce."),
         click.option("--rounds", type=int, help="Synchronized steps per peer."),
+        click.option("--budget-samples", type=int, metavar="N",
+                     help="Asynchronous strategies: a peer also stops after N samples."),
+        click.option("--budget-seconds", type=float, metavar="SECONDS",
+                     help="Asynchronous strategies: a peer also stops after SECONDS."),
         click.option("--lr", type=float, help="Learning rate."),
         click.option("--batch-size", type=int, help="Samples per local step."),
         click.option("--partition", help="Data split over peers: iid or dirichlet."),

@@ -146,3 +146,38 @@ def test_peers_with_different_budgets_all_finish(local_topology):
     assert [len(r) for r in records] == [2, 5, 8]
     assert all(line["consensus"] is None for r in records for line in r)
     assert all("staleness" not in line for r in records for line in r)
+
+
+@pytest.mark.slow  # three Trainers: seconds on 2 cores
+def test_budgets_in_samples_and_seconds_stop_each_peer_where_they_say(local_topology):
+    """Rank 0 stops after 24 samples (3 steps of 8), rank 1 once 0.4 s of training have
+    passed (0.1 s of emulated compute per step), rank 2 after its 4 rounds; all return."""
+    size = 3
+    topology = local_topology("ring", size)
+    hub = LoopbackHub(size)
+    records = [[] for _ in range(size)]
+    budgets = [{"rounds": 50, "budget_samples": 24},
+               {"rounds": 50, "budget_seconds": 0.4, "delays": {"compute": 0.1}},
+               {"rounds": 4}]
+
+    def main(rank: int) -> None:
+        config = TrainConfig.from_dict({"strategy": "adpsgd", "batch_size": 8, "timeout": 10,
+                                        **budgets[rank]})
+        with Peer(rank, topology, "adpsgd", transport=hub.transport(rank, timeout=10)) as peer:
+            train(peer, config, on_round=records[rank].append)
+
+    run_in_threads(size, main, timeout=60)
+    assert [r["samples"] for r in records[0]] == [8, 8, 8]
+    times = [r["time"] for r in records[1]]
+    assert 1 <= len(times) < 50 and times[-1] >= 0.4 and all(t < 0.4 for t in times[:-1]), times
+    assert len(records[2]) == 4
+
+
+@pytest.mark.parametrize("budget", [{"budget_samples": 64}, {"budget_seconds": 2.0}])
+def test_budgets_in_samples_or_seconds_need_an_asynchronous_strategy(budget):
+    with pytest.raises(ConfigError, match="budget_samples/budget_seconds: strategy dpsgd runs "
+                                          "in lockstep rounds"):
+        TrainConfig(strategy="dpsgd", **budget)
+    with pytest.raises(ConfigError, match="budget_samples: -1 must be >= 0"):
+        TrainConfig(strategy="adpsgd", budget_samples=-1)
+    TrainConfig(strategy="adpsgd", **budget)
