@@ -128,9 +128,6 @@ def test_whole_job_restarted_from_checkpoints_ends_bitwise_where_it_would_have(
         hub = LoopbackHub(3)
 
         def main(rank: int) -> dict:
-            # Bitwise equal runs need one reduction order: a multi-threaded gemm splits its
-            # work by the threads it gets, which vary when three peers share two cores.
-            torch.set_num_threads(1)
             path = checkpoint.path_for(tmp_path / tag, rank)
             if resume_from:
                 path.parent.mkdir(exist_ok=True)
