@@ -43,6 +43,9 @@ def train_peers(topology, open_peer, run_peers, config: TrainConfig, *, lockstep
             time.sleep(pause[rank])  # the point: a peer late for the next round
 
     def main(rank):
+        # Compared bitwise: a gemm splits its sums by the threads it gets (scheduler-
+        # dependent with several peers on two cores), so one thread each.
+        torch.set_num_threads(1)
         model = copy.deepcopy(initial)
         with open_peer(rank, topology, config.strategy, **config.options) as peer:
             train(peer, config, model=model, on_round=lambda r: on_round(rank, r),

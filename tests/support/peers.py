@@ -33,14 +33,13 @@ def run_in_threads(size: int, fn: Callable[[int], Any], timeout: float = 30.0) -
     """
     results: list[Any] = [None] * size
     errors: list[tuple[float, int, BaseException]] = []
+    compute_threads = torch.get_num_threads()
 
     def main(rank: int) -> None:
         try:
-            # One compute thread per peer: a new thread would take torch's process-wide last
-            # setting (another peer's communication scope may hold it), and a multi-threaded
-            # gemm splits its sums by the threads it gets, so runs compared bitwise would
-            # differ with the scheduling. Peers as processes on 2 cores get about as much.
-            torch.set_num_threads(1)
+            # A new thread takes torch's process-wide last setting, which another peer's
+            # communication scope may hold at that moment; peers in processes all start alike.
+            torch.set_num_threads(compute_threads)
             results[rank] = fn(rank)
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             errors.append((time.monotonic(), rank, exc))

@@ -128,6 +128,9 @@ def test_whole_job_restarted_from_checkpoints_ends_bitwise_where_it_would_have(
         hub = LoopbackHub(3)
 
         def main(rank: int) -> dict:
+            # Compared bitwise: a gemm splits its sums by the threads it gets (scheduler-
+            # dependent with several peers on two cores), so one thread each.
+            torch.set_num_threads(1)
             path = checkpoint.path_for(tmp_path / tag, rank)
             if resume_from:
                 path.parent.mkdir(exist_ok=True)
