@@ -61,14 +61,19 @@ class Rotation:
         self.waiting: dict[str, Request] = {}
         self.holder: Grant | None = None
         self.turn: str | None = None  # whose turn it is while the device is free
+        self.last: str | None = None  # the job whose grant ended last
         self.free_since = 0.0  # Unix time the device became free
         self.granted = 0  # grants so far: before the first, the lowest job goes first
 
     def join(self, job: str) -> None:
         if job not in self.jobs:
             self.jobs = sorted([*self.jobs, job])
-            if self.turn is None or not self.granted:
+            if not self.granted or self.last not in self.jobs:
                 self.turn = self.jobs[0]
+            else:  # the turn after the last grant, which may now be the newcomer's: a job
+                # alone takes turn after turn; one joining then must not wait a whole round
+                # (that would leave this device a turn behind the others for the whole run)
+                self.turn = self._after(self.last)
 
     def leave(self, job: str, now: float) -> Grant | None:
         """``job`` leaves the rotation (it finished or died); returns its grant if it held
@@ -96,7 +101,7 @@ class Rotation:
             return None
         done = Grant(**{**self.holder.__dict__, "t_release": now, "revoked": revoked})
         self.holder = None
-        self.turn = self._after(job)
+        self.last, self.turn = job, self._after(job)
         self.free_since = now
         return done
 

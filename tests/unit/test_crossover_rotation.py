@@ -109,3 +109,26 @@ def test_patience_zero_is_first_come_first_served():
     patient.join("a")
     patient.request(Request("b", 0, 0, t_request=1.0))
     assert patient.next_grant(0.2) is None and patient.next_grant(0.6).job == "b"
+
+
+def test_a_job_joining_after_another_jobs_turn_goes_next():
+    # Job a alone took round 0 on this device; b joins late (its peer started later).
+    # Strict alternation puts b next, as on the devices where both were there from the
+    # start, rather than a again (then this device would stay a turn behind all run long).
+    rotation = Rotation("d")
+    rotation.request(Request("a", 0, 0, t_request=0.0))
+    assert rotation.next_grant(0.0).job == "a"
+    rotation.release("a", 0.1)
+    rotation.join("b")
+    rotation.request(Request("b", 0, 0, t_request=0.2))
+    assert rotation.next_grant(0.2).job == "b"
+    rotation.request(Request("a", 0, 1, t_request=0.3))
+    assert rotation.next_grant(0.3) is None  # b holds it
+    rotation.release("b", 0.4)
+    assert rotation.next_grant(0.4).job == "a"
+    late = Rotation("d")  # b joins while a holds the device: b is next, as before
+    late.request(Request("a", 0, 0, t_request=0.0))
+    late.next_grant(0.0)
+    late.request(Request("b", 0, 0, t_request=0.05))
+    late.release("a", 0.1)
+    assert late.next_grant(0.1).job == "b"
