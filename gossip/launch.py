@@ -80,26 +80,38 @@ def local_ranks(topology) -> list[int]:
     return ranks
 
 
+#: Starts rank's peer: ``spawn(rank, gossip_args, log_path, env)`` -> a Popen-like process.
+Spawn = Callable[[int, list[str], Path, dict[str, str]], subprocess.Popen]
+
+
 def start_peers(ranks: list[int], run_dir: Path, extra_args: list[str], *,
-                wrap: Callable[[int, list[str]], list[str]] | None = None) -> list[PeerProcess]:
+                wrap: Callable[[int, list[str]], list[str]] | None = None,
+                spawn: Spawn | None = None) -> list[PeerProcess]:
     """One `python -m gossip peer` per rank, output to run_dir/peer-R.log.
 
-    ``wrap(rank, argv)`` may prefix each command, e.g. to run it in a network namespace.
+    ``wrap(rank, argv)`` may prefix each command, e.g. to run it in a network namespace;
+    ``spawn`` starts the peers another way instead (``gossip.zygote``: forked).
     """
-    procs = []
+    spawn = spawn or popen(wrap)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONUNBUFFERED="1")
+    procs = []
     for rank in ranks:
         log_path = run_dir / f"peer-{rank}.log"
-        with open(log_path, "wb") as log:
-            cmd = [sys.executable, "-m", "gossip", "peer", "--rank", str(rank),
-                   "--run-dir", str(run_dir), "--quiet", *extra_args]
-            if wrap is not None:
-                cmd = wrap(rank, cmd)
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
-        procs.append(PeerProcess(rank, proc, log_path, run_dir / f"peer-{rank}.jsonl"))
+        args = ["peer", "--rank", str(rank), "--run-dir", str(run_dir), "--quiet", *extra_args]
+        procs.append(PeerProcess(rank, spawn(rank, args, log_path, env), log_path,
+                                 run_dir / f"peer-{rank}.jsonl"))
     return procs
+
+
+def popen(wrap: Callable[[int, list[str]], list[str]] | None = None) -> Spawn:
+    """Each peer a new `python -m gossip` process, its command prefixed by ``wrap``."""
+    def spawn(rank: int, args: list[str], log_path: Path, env: dict[str, str]):
+        cmd = [sys.executable, "-m", "gossip", *args]
+        with open(log_path, "wb") as log:
+            return subprocess.Popen(wrap(rank, cmd) if wrap else cmd, stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return spawn
 
 
 def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],

@@ -35,6 +35,7 @@ from gossip.crossover.jobs import Job, launch_jobs
 from gossip.errors import ConfigError, GossipError
 from gossip.experiment.spec import _known  # the same field check as experiment files
 from gossip.launch import LaunchFailed
+from gossip.zygote import Zygote
 
 ARMS = {"sequential": "crossover", "naive": "slices", "crossover": "crossover", "fifo": "fifo"}
 _TOP = ("name", "description", "peers", "netns", "repeats", "drop", "slice_s", "train", "jobs",
@@ -105,7 +106,7 @@ def run_crossover(spec: CrossoverExperiment, out: Path, *,
     """Every point in every arm, ``repeats`` times, arms interleaved; returns what failed."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dict(spec.source), sort_keys=False))
-    failed = []
+    failed, zygote = [], Zygote()  # 30-40 launches: peers forked, not each importing torch
     for rep in range(spec.repeats):
         for point in spec.points:
             for arm in point.arms:
@@ -115,7 +116,8 @@ def run_crossover(spec: CrossoverExperiment, out: Path, *,
                           if arm == "sequential" else [(jobs, where)])
                 try:
                     seconds = sum(launch_jobs(group, run_dir, mode=ARMS[arm], rate=point.rate,
-                                              slice_s=spec.slice_s) for group, run_dir in groups)
+                                              slice_s=spec.slice_s, zygote=zygote)
+                                  for group, run_dir in groups)
                 except (LaunchFailed, GossipError) as exc:
                     echo(f"{point.name} {arm} rep {rep} failed: {exc}; logs in {where}")
                     failed.append(f"{point.name}/{arm}/rep-{rep}")
