@@ -7,16 +7,26 @@ scikit-learn: 1.7 s of CPU per process, a quarter of a peer's start-up (8 peers 
 it in milliseconds. The key names everything the arrays depend on, so a stale file is never
 read; a file that does not load is rebuilt, and a directory that cannot be written only
 costs the rebuild.
+
+Peers that are threads of one process (the library in a test or a notebook) take turns: the
+first builds, the others load. Loading under the lock also keeps ``np.load``'s header parse
+(``ast.literal_eval``) on one thread at a time: CPython 3.11 counts the AST's recursion depth
+per interpreter, not per thread, and concurrent parses can fail with "AST constructor
+recursion depth mismatch" (python/cpython#106905).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+
+_lock = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -29,7 +39,11 @@ def cache_dir() -> Path:
 
 def cached_arrays(key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """``build()``'s arrays, from ``key``'s file in ``cache_dir()`` when it is there."""
-    path = cache_dir() / f"{key}.npz"
+    with _lock:
+        return _load_or_build(cache_dir() / f"{key}.npz", build)
+
+
+def _load_or_build(path: Path, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}
