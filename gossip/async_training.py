@@ -9,7 +9,9 @@ lockstep assumes:
 * a step is the optimizer's, then ``synchronize`` on that tensor (start an exchange, apply
   what arrived); it never waits for a round;
 * no consensus probe: it is an all-reduce keyed by round, a hidden barrier that peers with
-  different budgets would never all reach (records carry ``consensus: null``);
+  different budgets would never all reach (records carry ``consensus: null``); peers save
+  model snapshots on wall-clock ticks instead, and the consensus is computed from them
+  afterwards (gossip.snapshots);
 * at the end ``finish`` completes this peer's exchange and serves the neighbours until they
   are done too, so peers that stop at different times all exit cleanly.
 """
@@ -20,6 +22,7 @@ import torch
 
 from gossip.errors import ConfigError
 from gossip.records import Record
+from gossip.snapshots import SnapshotWriter
 
 
 class AsyncRunner:
@@ -45,6 +48,10 @@ class AsyncRunner:
                 user_hook(rnd, done)
 
         trainer.on_minibatch = between_minibatches
+        period = trainer.config.snapshot_seconds
+        self.snapshots = (SnapshotWriter(trainer.metrics.path.parent / "snapshots",
+                                         self.peer.rank, period)
+                          if period and trainer.metrics is not None else None)
 
     def run(self) -> Record | None:
         """Train this peer's rounds, then finish its exchanges; returns the last record."""
@@ -57,6 +64,8 @@ class AsyncRunner:
             before = self.peer.stats
             work = trainer.compute(rnd)
             comm_s = self.step(rnd, work.minibatches)
+            if self.snapshots is not None:
+                self.snapshots.maybe(self.flat, trainer.clock.time())
             record = trainer.record(rnd, work, comm_s, before=before, after=self.peer.stats)
             samples += record.samples
             line = record.as_dict()
@@ -66,6 +75,8 @@ class AsyncRunner:
                 trainer.on_round(line)
         with self.peer.communicating():
             self.strategy.finish()
+        if self.snapshots is not None:
+            self.snapshots.final(self.flat)
         return record
 
     def spent(self, samples: int) -> bool:

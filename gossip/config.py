@@ -50,6 +50,9 @@ class TrainConfig:
         budget_samples: An asynchronous strategy's peer also stops once it has trained on
             this many samples (0: no such limit; ``rounds`` always bounds it).
         budget_seconds: ... or once this many seconds of training have passed (0: none).
+        snapshot_seconds: An asynchronous strategy's peers save their model every this many
+            seconds of wall clock (and at the end) in the run directory's ``snapshots``, the
+            consensus is measured from (gossip.snapshots); 0: no snapshots.
     """
 
     strategy: str = ""  # empty: the default strategy (gossip.strategies.DEFAULT)
@@ -74,6 +77,7 @@ class TrainConfig:
     bucket_mb: float = 4.0
     budget_samples: int = 0
     budget_seconds: float = 0.0
+    snapshot_seconds: float = 2.0
 
     def __post_init__(self):
         from gossip.strategies import DEFAULT, STRATEGIES
@@ -109,6 +113,8 @@ class TrainConfig:
                  "must be >= 0 (0: no limit)")
         _require(self.budget_seconds >= 0, "budget_seconds", self.budget_seconds,
                  "must be >= 0 (0: no limit)")
+        _require(self.snapshot_seconds >= 0, "snapshot_seconds", self.snapshot_seconds,
+                 "must be >= 0 (0: no snapshots)")
         if self.overlap:
             _check_overlap(self.strategy, self.options)
         if self.budget_samples or self.budget_seconds:

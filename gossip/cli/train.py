@@ -312,6 +312,7 @@ def _summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
     """Per-peer table of the finished peers; the peers that died and the peers lost."""
     from gossip.bench.harness import format_table
     from gossip.metrics import read_jsonl
+    from gossip.snapshots import consensus_over_time
 
     died = {death.rank: death for death in deaths}
     rows, last = [], {}
@@ -333,6 +334,11 @@ def _summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
                       f"{final['consensus']:.3g}")
     elif any(record.get("lost_peers") for record in last.values()):
         lines[-1] += "; consensus not measured (a peer was lost)"  # the probe needs them all
+    elif snapshots := consensus_over_time(run_dir / "snapshots"):  # asynchronous
+        final = snapshots[-1]  # the models after the exchanges drained (or the last tick)
+        when = "final models" if final["tick"] is None else "last snapshot"
+        lines[-1] += (f"; consensus distance {final['consensus']:.3g} ({when} of "
+                      f"{final['peers']} peers, gossip.snapshots)")
     else:  # a rank only serves, or the strategy has no round all peers could probe in
         lines[-1] += ("; consensus not measured (a rank only serves, or an asynchronous "
                       "strategy)")

@@ -10,10 +10,14 @@ import time
 
 import pytest
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
+from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
+from gossip.snapshots import consensus_over_time
+from gossip.tasks.digits import build_mlp
 from gossip.training import train
 from gossip.transport import LoopbackHub
 from support import peer_once_all_bound, run_in_threads
@@ -127,25 +131,34 @@ def test_a_dead_neighbour_is_skipped(local_topology):
 
 
 @pytest.mark.slow  # three Trainers (task, data, evaluation per round): seconds on 2 cores
-def test_peers_with_different_budgets_all_finish(local_topology):
+def test_peers_with_different_budgets_all_finish_and_leave_snapshots(local_topology, tmp_path):
     """The asynchronous loop: ranks train 2, 5 and 8 steps of adpsgd with no barrier and
-    all return; no consensus probe (a round-keyed all-reduce) runs."""
+    all return; no consensus probe (a round-keyed all-reduce) runs. The consensus comes
+    from snapshots instead: the final one is the models the peers end with."""
     size = 3
     topology = local_topology("ring", size)
     hub = LoopbackHub(size)
-    records = [[] for _ in range(size)]
+    records, models = [[] for _ in range(size)], [build_mlp() for _ in range(size)]
 
     def main(rank: int) -> None:
         config = TrainConfig(strategy="adpsgd", rounds=2 + 3 * rank, batch_size=8,
-                             eval_every=1, timeout=10)
-        with Peer(rank, topology, "adpsgd", transport=hub.transport(rank, timeout=10)) as peer:
-            train(peer, config, on_round=records[rank].append)
+                             eval_every=1, timeout=10, snapshot_seconds=0.01)
+        with Peer(rank, topology, "adpsgd", transport=hub.transport(rank, timeout=10)) as peer, \
+                MetricsWriter(tmp_path / f"peer-{rank}.jsonl") as metrics:
+            train(peer, config, metrics=metrics, on_round=records[rank].append,
+                  model=models[rank])
             assert peer.strategy.exchanges > 0
 
     run_in_threads(size, main, timeout=60)
     assert [len(r) for r in records] == [2, 5, 8]
     assert all(line["consensus"] is None for r in records for line in r)
     assert all("staleness" not in line for r in records for line in r)
+    rows = consensus_over_time(tmp_path / "snapshots")
+    ends = torch.stack([parameters_to_vector(m.parameters()).double() for m in models])
+    oracle = ((ends - ends.mean(0)) ** 2).sum(1).mean().item()
+    assert rows[-1]["tick"] is None and rows[-1]["peers"] == size
+    assert rows[-1]["consensus"] == pytest.approx(oracle, rel=1e-12)
+    assert all(row["peers"] >= 2 for row in rows) and len(rows) >= 2  # ticks mid-run too
 
 
 @pytest.mark.slow  # three Trainers: seconds on 2 cores
