@@ -19,6 +19,7 @@ from gossip.config import TrainConfig
 
 if TYPE_CHECKING:
     from gossip.topology import Topology
+    from gossip.zygote import Zygote
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
                rate: str | None = None, extra_config: Mapping[str, Any] | None = None,
                peer_args: Sequence[str] = (), progress: str | None = None,
                on_ready: Callable[[Placement], None] | None = None,
-               on_death: Callable[[launch.Death], None] | None = None) -> RunResult:
+               on_death: Callable[[launch.Death], None] | None = None,
+               zygote: Zygote | None = None) -> RunResult:
     """Run ``config`` on the local ranks of ``topology`` and wait until every peer ended.
 
     Writes ``run_dir/topology.yaml`` and ``run_dir/config.yaml`` (the training config,
@@ -79,7 +81,8 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
         procs = launch.start_peers(
             placement.ranks, run_dir, ["--topology", str(run_dir / "topology.yaml"),
                                        "--config", str(run_dir / "config.yaml"), *peer_args],
-            wrap=cluster.command if cluster else None)
+            wrap=cluster.command if cluster else None,
+            spawn=zygote.spawn(cluster.namespace if cluster else None) if zygote else None)
         with tqdm(total=config.rounds * len(procs), unit="round", desc=progress,
                   disable=progress is None) as bar:
             report = None if on_death is None else lambda death: _over(bar, on_death, death)

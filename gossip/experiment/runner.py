@@ -12,6 +12,7 @@ from gossip.errors import ConfigError, GossipError
 from gossip.experiment.spec import Experiment, Run
 from gossip.launch import LaunchFailed
 from gossip.netutil import free_ports
+from gossip.zygote import Zygote
 
 
 def check_runs(experiment: Experiment) -> None:
@@ -44,12 +45,12 @@ def run_experiment(experiment: Experiment, out: Path, *, only: tuple[str, ...] =
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dict(experiment.source),
                                                         sort_keys=False))
-    failed = []
+    failed, zygote = [], Zygote()  # every run's peers forked from one server: no imports
     for run in experiment.runs:
         if only and run.name not in only:
             continue
         try:
-            seconds = _launch(run, out / run.name, progress=progress)
+            seconds = _launch(run, out / run.name, progress=progress, zygote=zygote)
         except (LaunchFailed, GossipError) as exc:  # e.g. no netns without root
             echo(f"run {run.name} failed: {exc}; logs in {out / run.name}")
             failed.append(run.name)
@@ -58,7 +59,7 @@ def run_experiment(experiment: Experiment, out: Path, *, only: tuple[str, ...] =
     return failed
 
 
-def _launch(run: Run, run_dir: Path, *, progress: bool) -> float:
+def _launch(run: Run, run_dir: Path, *, progress: bool, zygote: Zygote) -> float:
     """Start the run's peers (in a virtual cluster when it has a rate), show one progress
     bar, wait for all; returns the seconds it took.
 
@@ -89,7 +90,8 @@ def _launch(run: Run, run_dir: Path, *, progress: bool) -> float:
                 f"peer {rank}: {why}" for rank, why in sorted(result.failed.items())))
         return result.wall_s
     result = launch_run(run.config, _topology(run), run_dir, rate=run.rate,
-                        extra_config={"run": run.name}, progress=label if progress else None)
+                        extra_config={"run": run.name}, progress=label if progress else None,
+                        zygote=zygote)
     return result.seconds
 
 

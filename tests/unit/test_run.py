@@ -32,7 +32,7 @@ class FakePeers:
         self.deaths: list[launch.Death] = []
         self.events: list[str] = []
 
-    def start_peers(self, ranks, run_dir, extra_args, *, wrap=None):
+    def start_peers(self, ranks, run_dir, extra_args, *, wrap=None, spawn=None):
         self.events.append("start")
         argv = [wrap(r, ["gossip", "peer"]) if wrap else ["gossip", "peer"] for r in ranks]
         self.started.append((list(ranks), list(extra_args), argv))
