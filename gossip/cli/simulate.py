@@ -134,3 +134,44 @@ def sim_scaling(experiment_dir):
     rows = scaling_rows(experiment_dir)
     click.echo(format_scaling(rows))
     click.echo(f"figure: {plot_scaling(rows, Path(experiment_dir))}")
+
+
+@main.command("sim-fit")
+@click.argument("experiment_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--fit", "fit_on", multiple=True, required=True, metavar="RUN",
+              help="A real run the costs are fitted on (repeatable; two with different "
+                   "message sizes separate the per-message from the per-byte cost).")
+@click.option("--latency", type=float, default=0.0, show_default=True, metavar="SECONDS",
+              help="One-way latency of the model (the netns cluster adds none).")
+@click.option("--compute", "compute_model", default="measured", show_default=True,
+              help="Compute model of the simulations (as for gossip simulate).")
+@fail_cleanly
+def sim_fit(experiment_dir, fit_on, latency, compute_model):
+    """Fit the network model's per-message and per-byte costs on the --fit runs of an
+    experiment's real netns runs, predict every run's round times with them and print the
+    errors (median and p90 per round); simulations and fit.json in EXPERIMENT_DIR/sim-fit."""
+    import numpy as np
+
+    from gossip.bench.harness import format_table
+    from gossip.experiment.analysis import run_dirs
+    from gossip.sim.fit import RealRun, fit_costs, predict, write_report
+    from gossip.sim.network import NetworkModel
+
+    runs = [RealRun.read(path) for path in run_dirs(Path(experiment_dir))]
+    by_name = {run.name: run for run in runs}
+    unknown = [name for name in fit_on if name not in by_name]
+    if unknown:
+        raise ConfigError(f"--fit {unknown[0]}: no such run in {experiment_dir} (runs: "
+                          f"{', '.join(by_name)})")
+    out, base = Path(experiment_dir) / "sim-fit", NetworkModel(latency=latency)
+    fit = fit_costs([by_name[name] for name in fit_on], out / "probes", base=base,
+                    compute=compute_model)
+    click.echo(f"fitted on {', '.join(fit_on)}: message cost {fit.message_s * 1e3:.3f} ms, "
+               f"byte cost {fit.byte_s * 1e9:.3f} ns/B")
+    rows = predict(runs, fit, out / "predicted", base=base, compute=compute_model)
+    click.echo(format_table(rows, list(rows[0])))
+    predicted = [row for row in rows if row["role"] == "predicted"] or rows
+    click.echo(f"predicted runs: median of the per-run median errors "
+               f"{np.median([r['median error'] for r in predicted]):.1%}, worst p90 "
+               f"{max(r['p90 error'] for r in predicted):.1%}")
+    click.echo(f"report: {write_report(out, fit, rows)}")
