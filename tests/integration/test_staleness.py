@@ -4,6 +4,7 @@ with s > 0 every round mixes neighbour models at most s rounds old, and says how
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -73,3 +74,35 @@ def test_with_seeded_delays_every_record_is_within_the_bound(local_topology):
     for i in range(size):
         for j in topology.neighbors(i):
             assert all(wall[j][r - s - 1] < wall[i][r] for r in range(s + 1, 12)), (i, j)
+
+
+@pytest.mark.parametrize("compensate", [True, False])
+def test_peers_that_agree_move_on_as_one_whatever_the_staleness(local_topology, compensate):
+    """Every peer adds the same step c each round from the same start, rank 2 is slow, so
+    its neighbours mix its models up to 2 rounds late. Compensated (x_j(t) + x_i(r) -
+    x_i(t)), every peer stays exactly on x0 + (r + 1) c; mixed as they are, the late models
+    pull the fast peers back (the control: it must miss)."""
+    size, s, rounds = 5, 2, 12
+    topology = local_topology("ring", size)
+    hub = LoopbackHub(size)
+    x0 = torch.randn(17, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    c = torch.randn(17, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    errors, stale = [0.0] * size, [0] * size
+
+    def main(rank: int) -> None:
+        with Peer(rank, topology, "dpsgd", transport=hub.transport(rank, timeout=10),
+                  staleness=s, compensate=compensate) as peer:
+            x = x0.clone()
+            for rnd in range(rounds):
+                if rank == 2:
+                    time.sleep(0.03)
+                x = peer.synchronize(x + c, rnd)
+                errors[rank] = max(errors[rank], (x - (x0 + (rnd + 1) * c)).abs().max().item())
+                stale[rank] = max(stale[rank], peer.strategy.record_fields(rnd)["staleness"])
+
+    run_in_threads(size, main, timeout=60)
+    assert max(stale) > 0, "nobody mixed a late model: the test cannot fail"
+    if compensate:
+        assert max(errors) < 1e-12, errors
+    else:
+        assert max(errors) > 1e-3, errors

@@ -24,6 +24,10 @@ class DPSGDOptions(ChocoOptions):
         0, "bounded staleness s: mix each neighbour's newest model of rounds r-s..r, wait only "
            "when there is none (0: lockstep D-PSGD)",
         check=lambda s: None if 0 <= s <= MAX_STALENESS else f"must be in 0..{MAX_STALENESS}")
+    compensate: bool = option(
+        True, "with staleness: mix a neighbour's model of round t < r as x_j(t) + x_i(r) - "
+              "x_i(t), its difference to ours then (false: x_j(t) as it is, which pulls "
+              "ours back in time)")
 
     def __post_init__(self):
         super().__post_init__()
