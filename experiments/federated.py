@@ -2,7 +2,7 @@
 0.3) shards of the digits task train locally for one epoch per round, then aggregate:
 FedAvg (a parameter server; half the clients, drawn per round, contribute) against
 serverless gossip (one D-PSGD step on a ring). Writes federated.png: accuracy vs rounds
-and vs bytes.   Run: python experiments/federated.py  (about a minute on 2 cores)"""
+and vs bytes.   Run: python experiments/federated.py  (about 10 s on 2 cores)"""
 
 import copy
 import sys
