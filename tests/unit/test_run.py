@@ -169,3 +169,17 @@ def _portless(topology: dict) -> dict:
     """The topology without its ports (free ones, found anew for each run)."""
     return {**topology, "peers": [{k: v for k, v in peer.items() if k != "port"}
                                   for peer in topology["peers"]]}
+
+
+def test_an_experiment_of_sizes_only_runs_ends_with_where_their_times_are(tmp_path):
+    """Sizes-only runs record no training curves: no plot step to fail, a pointer instead."""
+    spec = tmp_path / "so.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "so", "graph": "ring", "simulate": {"rate": "1gbit", "sizes_only": True},
+        "train": {"rounds": 2, "batch_size": 16, "delays": {"compute": 0.001}},
+        "runs": [{"name": "ring-3", "strategy": "ring-allreduce", "peers": 3}]}))
+    out = tmp_path / "out"
+    cli = CliRunner().invoke(main, ["experiment", "run", str(spec), "--out", str(out)])
+    assert cli.exit_code == 0, cli.output
+    assert f"gossip sim-scaling {out}" in cli.output
+    assert (out / "ring-3" / "sizes.json").exists()
