@@ -31,8 +31,9 @@ def experiment_run(path, out, only):
     out = Path(out) if out else default_out(spec)
     click.echo(f"experiment {spec.name}: {len(spec.runs)} runs -> {out}")
     failed = run_experiment(spec, out, only=tuple(only), echo=click.echo)
-    sizes_only = [run for run in spec.runs if run.simulation and run.simulation.sizes_only]
-    if len(sizes_only) < len(spec.runs):  # sizes-only runs record no training curves
+    ran = [run for run in spec.runs if not only or run.name in only]
+    sizes_only = [run for run in ran if run.simulation and run.simulation.sizes_only]
+    if len(sizes_only) < len(ran):  # sizes-only runs record no training curves
         report(out, echo=click.echo)
     if sizes_only:
         click.echo(f"{len(sizes_only)} sizes-only runs (round times, no training): "
