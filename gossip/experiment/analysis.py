@@ -106,6 +106,7 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
     own = {k: v for k, v in options.items() if k not in ("inner", "inner_options")}
     family += json.dumps(own, sort_keys=True) if wrapper and own else ""  # local's period
     family += f"@{config['netns']['rate']}" if config.get("netns") else ""
+    family += json.dumps(train.get("delays"), sort_keys=True)  # other stragglers: another run
     avg = [r["avg_accuracy"] for row in rows for r in row[:1] if r.get("avg_accuracy") is not None]
     return Curve(
         name=run_dir.name,

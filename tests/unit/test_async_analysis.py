@@ -36,3 +36,17 @@ def test_a_synchronous_run_still_counts_rounds_all_peers_finished(tmp_path):
     write_run(tmp_path / "sync", "dpsgd", [[1.0, 2.0, 3.0, 4.0], [2.5, 5.0]])
     curve = load_curve(tmp_path / "sync", smooth=1)
     assert curve.time.tolist() == [2.5, 5.0]
+
+
+def test_runs_that_differ_only_in_their_stragglers_are_told_apart_in_the_plots(tmp_path):
+    """A plot's colour is a run's family; the same strategy under other injected delays
+    (e.g. transient stragglers only) is another family, not a second line of one colour."""
+    families = []
+    for name, delays in (("a", {"compute": 0.01}), ("b", {"compute": 0.01}),
+                         ("c", {"compute": 0.01, "slowdown": {1: 4.0}})):
+        write_run(tmp_path / name, "dpsgd", [[1.0, 2.0], [1.5, 2.5]])
+        config = yaml.safe_load((tmp_path / name / "config.yaml").read_text())
+        config["train"]["delays"] = delays
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config))
+        families.append(load_curve(tmp_path / name, smooth=1).family)
+    assert families[0] == families[1] != families[2]
