@@ -40,6 +40,7 @@ class ArbiterClient(DeviceLock):
         while True:
             left = deadline - clock.monotonic()
             if left <= 0:
+                self._send("withdraw", round=round)  # else the device would wait for us
                 self._ask_who_blocks()
                 raise PeerTimeout(f"device {self.device} (arbiter {self.address}): job "
                                   f"{self.job} rank {self.rank} waited {self.timeout:g} s for "
@@ -59,14 +60,19 @@ class ArbiterClient(DeviceLock):
                 return
 
     def _ask_who_blocks(self, wait_s: float = 0.5) -> None:
-        """Update ``_blocking`` from the arbiter's answer to a ping (if one comes soon)."""
+        """Update ``_blocking`` from the arbiter's answer to a ping (if one comes soon). The
+        arbiter answers in order, so a grant that raced our withdraw (and that it released)
+        arrives before the answer: it is read and dropped here, not taken for a later one."""
         self._send("ping")
-        if self._socket.poll(wait_s * 1000):
+        deadline = self.clock.monotonic() + wait_s
+        while (left := deadline - self.clock.monotonic()) > 0 and self._socket.poll(left * 1000):
             try:
                 msg = protocol.decode(self._socket.recv(), protocol.SERVER_OPS)
             except ProtocolError:
+                continue
+            if msg["op"] == "status":
+                self._blocking = msg.get("why", self._blocking)
                 return
-            self._blocking = msg.get("why", self._blocking)
 
     def release(self, round: int) -> None:
         self._send("release", round=round)

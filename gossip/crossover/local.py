@@ -57,7 +57,7 @@ class LocalArbiter:
                         return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    rotation.waiting.pop(lock.job, None)
+                    rotation.withdraw(lock.job, now)
                     raise PeerTimeout(f"device {lock.device}: job {lock.job} rank {lock.rank} "
                                       f"waited {lock.timeout:g} s for round {round}; "
                                       f"{rotation.blocking()}")

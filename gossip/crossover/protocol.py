@@ -1,8 +1,8 @@
 """The arbiter's messages: one msgpack map per ZeroMQ message, never pickle.
 
 Client to arbiter: ``{v: 1, op, device, job, rank, round, pid, host}`` with op ``hello`` (join
-the device's rotation), ``acquire``, ``release``, ``ping`` (alive while waiting), ``bye``
-(leave). Arbiter to client: ``{v: 1, op: grant, round}`` or ``{v: 1, op: status, why}``
+the device's rotation), ``acquire``, ``release``, ``withdraw`` (stop waiting: the acquire
+timed out), ``ping`` (alive while waiting), ``bye`` (leave). Arbiter to client: ``{v: 1, op: grant, round}`` or ``{v: 1, op: status, why}``
 (who blocks the device, the answer to a ping). Every field is checked before use.
 """
 
@@ -16,7 +16,7 @@ from gossip.errors import ProtocolError
 
 VERSION = 1
 MAX_BYTES = 4096
-CLIENT_OPS = ("hello", "acquire", "release", "ping", "bye")
+CLIENT_OPS = ("hello", "acquire", "release", "withdraw", "ping", "bye")
 SERVER_OPS = ("grant", "status")
 _INTS = ("rank", "round", "pid")
 

@@ -105,6 +105,12 @@ class Rotation:
         self.free_since = now
         return done
 
+    def withdraw(self, job: str, now: float) -> Grant | None:
+        """``job`` stops waiting (its acquire timed out): its request is dropped, so the
+        device is never granted to nobody; if the grant came meanwhile, it is released."""
+        self.waiting.pop(job, None)
+        return self.release(job, now)
+
     def next_grant(self, now: float) -> Grant | None:
         """Grant the device if it is free and someone may have it; the new grant or None."""
         if self.holder is not None or not self.waiting:

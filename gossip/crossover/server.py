@@ -110,6 +110,8 @@ class ArbiterServer:
             rotation.request(Request(client.job, client.rank, msg["round"], now))
         elif op == "release":
             self.log.write(rotation.release(client.job, now))
+        elif op == "withdraw":
+            self.log.write(rotation.withdraw(client.job, now))
         elif op == "ping":
             self._send(identity, "status", why=rotation.blocking())
         elif op == "bye":

@@ -132,3 +132,20 @@ def test_a_job_joining_after_another_jobs_turn_goes_next():
     late.request(Request("b", 0, 0, t_request=0.05))
     late.release("a", 0.1)
     assert late.next_grant(0.1).job == "b"
+
+
+def test_a_waiter_that_gave_up_is_never_granted_and_a_racing_grant_is_released():
+    # b timed out waiting while a held the device: when a releases, nobody is granted
+    # (before, b's dead request took the device until b said goodbye or its lease ran out).
+    rotation = Rotation("d")
+    rotation.request(Request("a", 0, 0, t_request=0.0))
+    rotation.next_grant(0.0)
+    rotation.request(Request("b", 0, 0, t_request=0.1))
+    assert rotation.withdraw("b", 0.3) is None
+    rotation.release("a", 0.4)
+    assert rotation.next_grant(0.4) is None and not rotation.waiting
+    # The grant came just before the withdraw: it is released (and logged) at once.
+    rotation.request(Request("b", 0, 1, t_request=0.5))
+    assert rotation.next_grant(0.5).job == "b"
+    done = rotation.withdraw("b", 0.6)
+    assert (done.job, done.t_release) == ("b", 0.6) and rotation.holder is None
