@@ -57,17 +57,33 @@ def consensus_over_time(directory: str | Path) -> list[dict[str, Any]]:
     """One row per tick that two or more peers saved, in time order, then the final
     models: ``{"tick", "peers", "consensus"}``; a tick K is the wall clock K * period, the
     final row's tick is None. No directory: no rows."""
-    by_name: dict[str, list[Path]] = {}
+    groups = _groups(directory)
+    ticks = sorted(int(name) for name in groups if name != FINAL)
+    names = [str(tick) for tick in ticks] + [FINAL]
+    return [_row(name, groups[name]) for name in names if len(groups.get(name, ())) > 1]
+
+
+def final_consensus(directory: str | Path) -> dict[str, Any] | None:
+    """``consensus_over_time``'s last row, computed alone (a run summary needs no more)."""
+    groups = _groups(directory)
+    shared = [name for name, paths in groups.items() if len(paths) > 1]
+    if not shared:
+        return None
+    name = FINAL if FINAL in shared else max(shared, key=int)
+    return _row(name, groups[name])
+
+
+def _groups(directory: str | Path) -> dict[str, list[Path]]:
+    """Snapshot files by name (a tick or ``final``), every peer's."""
+    groups: dict[str, list[Path]] = {}
     for path in Path(directory).glob("peer-*/*.npy"):
-        by_name.setdefault(path.stem, []).append(path)
-    ticks = sorted(int(name) for name in by_name if name != FINAL)
-    rows = [{"tick": tick, "peers": len(by_name[str(tick)]),
-             "consensus": distance(by_name[str(tick)])}
-            for tick in ticks if len(by_name[str(tick)]) > 1]
-    if len(by_name.get(FINAL, ())) > 1:
-        rows.append({"tick": None, "peers": len(by_name[FINAL]),
-                     "consensus": distance(by_name[FINAL])})
-    return rows
+        groups.setdefault(path.stem, []).append(path)
+    return groups
+
+
+def _row(name: str, paths: list[Path]) -> dict[str, Any]:
+    return {"tick": None if name == FINAL else int(name), "peers": len(paths),
+            "consensus": distance(paths)}
 
 
 def distance(paths: list[Path]) -> float:

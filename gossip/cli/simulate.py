@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from gossip.cli.common import fail_cleanly, main
-from gossip.cli.train import _rank_values, _summary, _train_config, _train_options
+from gossip.cli.summary import run_summary
+from gossip.cli.train import _rank_values, _train_config, _train_options
 from gossip.errors import ConfigError
 
 
@@ -104,7 +105,7 @@ def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, mess
                for rank, why in sorted(result.failed.items())]
     if len(deaths) == topology.size:
         raise ConfigError(f"every simulated peer failed; the first: {deaths[0].describe()}")
-    click.echo(_summary(run_dir, [r for r in range(topology.size)], deaths))
+    click.echo(run_summary(run_dir, [r for r in range(topology.size)], deaths))
     click.echo(f"virtual time {result.virtual_s:.3f} s, wall {result.wall_s:.1f} s, "
                f"{result.events} events, peak memory {result.max_rss_mb:.0f} MB")
     click.echo(f"run directory: {run_dir}")

@@ -265,6 +265,7 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
 
     With no arguments: the demo, 4 peers on a ring training the digits MLP with dpsgd.
     """
+    from gossip.cli.summary import run_summary
     from gossip.crossover.connect import device_config
     from gossip.launch import LaunchFailed
     from gossip.netutil import free_ports
@@ -304,51 +305,5 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
                                 f"{death.describe()}; the others go on"))
     except LaunchFailed as exc:
         raise GossipError(f"{exc}; logs in {run_dir}") from None
-    click.echo(_summary(run_dir, result.ranks, result.deaths))
+    click.echo(run_summary(run_dir, result.ranks, result.deaths))
     click.echo(f"run directory: {run_dir}")
-
-
-def _summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
-    """Per-peer table of the finished peers; the peers that died and the peers lost."""
-    from gossip.bench.harness import format_table
-    from gossip.metrics import read_jsonl
-    from gossip.snapshots import consensus_over_time
-
-    died = {death.rank: death for death in deaths}
-    rows, last = [], {}
-    for rank in ranks:
-        if rank in died or not (run_dir / f"peer-{rank}.jsonl").exists():  # or a server only
-            continue
-        records = read_jsonl(run_dir / f"peer-{rank}.jsonl")
-        last[rank] = records[-1]
-        tail = [r["loss"] for r in records[-10:] if r["loss"] is not None] or [float("nan")]
-        rows.append({"peer": rank, "loss": sum(tail) / len(tail),
-                     "accuracy": records[-1]["accuracy"], "bytes sent": records[-1]["bytes_sent"],
-                     "bytes recv": records[-1]["bytes_recv"], "seconds": records[-1]["time"]})
-    table = format_table(rows, ["peer", "loss", "accuracy", "bytes sent", "bytes recv", "seconds"])
-    final = last[min(last)]
-    mean_acc = sum(r["accuracy"] for r in rows) / len(rows)
-    lines = [table, f"mean test accuracy {mean_acc:.4f}"]
-    if final["consensus"] is not None:
-        lines[-1] += (f"; averaged model {final['avg_accuracy']:.4f}; consensus distance "
-                      f"{final['consensus']:.3g}")
-    elif any(record.get("lost_peers") for record in last.values()):
-        lines[-1] += "; consensus not measured (a peer was lost)"  # the probe needs them all
-    elif snapshots := consensus_over_time(run_dir / "snapshots"):  # asynchronous
-        final = snapshots[-1]  # the models after the exchanges drained (or the last tick)
-        when = "final models" if final["tick"] is None else "last snapshot"
-        lines[-1] += (f"; consensus distance {final['consensus']:.3g} ({when} of "
-                      f"{final['peers']} peers, gossip.snapshots)")
-    else:  # a rank only serves, or the strategy has no round all peers could probe in
-        lines[-1] += ("; consensus not measured (a rank only serves, or an asynchronous "
-                      "strategy)")
-    lines += [death.describe() for death in deaths]
-    # Every survivor's record of the peers it lost, and the round it noticed each in.
-    noticed: dict[str, list[int]] = {}
-    for record in last.values():
-        for rank, round in (record.get("lost_peers") or {}).items():
-            noticed.setdefault(rank, []).append(round)
-    for rank, rounds in sorted(noticed.items(), key=lambda item: int(item[0])):
-        lines.append(f"peer {rank} lost: noticed by {len(rounds)} of {len(last)} survivors "
-                     f"in rounds {min(rounds)}-{max(rounds)}")
-    return "\n".join(lines)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from gossip.snapshots import SnapshotWriter, consensus_over_time
+from gossip.snapshots import SnapshotWriter, consensus_over_time, final_consensus
 
 
 def test_ticks_group_the_peers_snapshots_and_match_numpy(tmp_path):
@@ -36,3 +36,17 @@ def test_ticks_group_the_peers_snapshots_and_match_numpy(tmp_path):
 
 def test_no_directory_no_rows(tmp_path):
     assert consensus_over_time(tmp_path / "absent") == []
+
+
+def test_the_final_consensus_alone_is_the_last_row(tmp_path):
+    writers = [SnapshotWriter(tmp_path, rank, period=1.0) for rank in range(3)]
+    for rank, writer in enumerate(writers):
+        writer.maybe(torch.full((4,), float(rank)), 5.0)
+        writer.maybe(torch.full((4,), 2.0 * rank), 6.0)
+    assert final_consensus(tmp_path) == consensus_over_time(tmp_path)[-1]
+    assert final_consensus(tmp_path)["tick"] == 6  # no final files: the last shared tick
+    for rank, writer in enumerate(writers):
+        writer.final(torch.full((4,), 3.0 * rank))
+    assert final_consensus(tmp_path) == consensus_over_time(tmp_path)[-1]
+    assert final_consensus(tmp_path)["tick"] is None
+    assert final_consensus(tmp_path / "absent") is None
