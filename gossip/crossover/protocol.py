@@ -2,8 +2,9 @@
 
 Client to arbiter: ``{v: 1, op, device, job, rank, round, pid, host}`` with op ``hello`` (join
 the device's rotation), ``acquire``, ``release``, ``withdraw`` (stop waiting: the acquire
-timed out), ``ping`` (alive while waiting), ``bye`` (leave). Arbiter to client: ``{v: 1, op: grant, round}`` or ``{v: 1, op: status, why}``
-(who blocks the device, the answer to a ping). Every field is checked before use.
+timed out), ``ping`` (alive while waiting), ``bye`` (leave). Arbiter to client:
+``{v: 1, op: grant, round}`` or ``{v: 1, op: status, why}`` (who blocks the device, the
+answer to a ping). Every field is checked before use.
 """
 
 from __future__ import annotations

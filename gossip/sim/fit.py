@@ -63,7 +63,7 @@ class RealRun:
                    topology, str(rate))
 
     def median_round_s(self) -> float:
-        return _median_round_s(_records(self.path))
+        return _median_round_s(self.path)
 
     def simulate(self, out: Path, network: NetworkModel, compute: str) -> Path:
         run_dir = out / self.name
@@ -88,7 +88,7 @@ def fit_costs(runs: Sequence[RealRun], work: Path, *, base: NetworkModel,
     for run in runs:
         def median(message_s: float, byte_s: float, tag: str) -> float:
             network = replace(base, rate=run.rate, message_s=message_s, byte_s=byte_s)
-            return _median_round_s(_records(run.simulate(work / tag, network, compute)))
+            return _median_round_s(run.simulate(work / tag, network, compute))
 
         zero = median(0.0, 0.0, "probe-zero")
         rows.append([(median(PROBE_MESSAGE_S, 0.0, "probe-message") - zero) / PROBE_MESSAGE_S,
@@ -117,7 +117,7 @@ def predict(runs: Sequence[RealRun], fit: Fit, out: Path, *, base: NetworkModel,
         rows.append({"run": run.name, "rate": run.rate, "role": (
             "fit" if run.name in fit.fitted_on else "predicted"),
             "real round s": run.median_round_s(),
-            "sim round s": _median_round_s(_records(out / run.name)),
+            "sim round s": _median_round_s(out / run.name),
             "median error": comparison.time_error_median, "p90 error": comparison.time_error_p90,
             "bytes equal": comparison.bytes_equal == comparison.rounds})
     return rows
@@ -130,12 +130,8 @@ def write_report(out: Path, fit: Fit, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def _records(run_dir: Path) -> list[list[dict]]:
-    return [read_jsonl(path) for path in run_dir.glob("peer-*.jsonl")]
-
-
-def _median_round_s(records: list[list[dict]]) -> float:
-    """Median over peers and rounds of a round's seconds (the first round left out: start-up
-    and the first connections)."""
-    seconds = np.concatenate([round_seconds(lines)[1:] for lines in records])
-    return float(np.median(seconds))
+def _median_round_s(run_dir: Path) -> float:
+    """Median over a run's peers and rounds of a round's seconds (the first round left out:
+    start-up and the first connections)."""
+    seconds = [round_seconds(read_jsonl(path))[1:] for path in run_dir.glob("peer-*.jsonl")]
+    return float(np.median(np.concatenate(seconds)))
