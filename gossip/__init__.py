@@ -11,11 +11,16 @@ from gossip.errors import (
     CollectiveAborted,
     ConfigError,
     GossipError,
+    LaunchFailed,
+    NetnsError,
+    NetnsUnavailable,
     PeerGone,
     PeerTimeout,
     ProtocolError,
     RejoinError,
+    RendezvousError,
     TopologyError,
+    TransportBusy,
     TransportError,
 )
 
@@ -37,7 +42,8 @@ _LAZY = {
 }
 
 __all__ = ["GossipError", "ConfigError", "TopologyError", "CheckpointError", "TransportError",
-           "PeerTimeout", "PeerGone", "CollectiveAborted", "RejoinError", "ProtocolError",
+           "PeerTimeout", "PeerGone", "CollectiveAborted", "RejoinError", "RendezvousError",
+           "ProtocolError", "TransportBusy", "LaunchFailed", "NetnsError", "NetnsUnavailable",
            *_LAZY]
 
 

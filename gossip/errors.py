@@ -56,3 +56,22 @@ class ProtocolError(GossipError):
 class TransportBusy(GossipError):
     """The transport was used while the communication thread of ``Peer.attach`` had it: it
     is single-threaded, so nothing else may touch it until ``Peer.step`` has waited."""
+
+
+class LaunchFailed(GossipError):
+    """A launched run failed: a peer failed before training started (the others were
+    stopped), no peer finished, or peers died that the run did not tolerate. ``rank``,
+    ``code`` and ``reason`` are the first failed peer's."""
+
+    def __init__(self, rank: int, code: int, reason: str, *, message: str | None = None):
+        super().__init__(message or f"peer {rank} failed (exit code {code}): {reason}")
+        self.rank, self.code, self.reason = rank, code, reason
+
+
+class NetnsError(GossipError):
+    """A namespace, link or qdisc command of a virtual cluster failed; the message names the
+    command."""
+
+
+class NetnsUnavailable(NetnsError):
+    """This machine cannot host a virtual cluster: it needs root, iproute2 and netns."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gossip.errors import ConfigError
+from gossip.errors import ConfigError, LaunchFailed
 from gossip.metrics import last_record
 
 POLL_S = 0.2
@@ -34,15 +34,6 @@ class PeerProcess:
         except FileNotFoundError:
             return ""
         return lines[-1] if lines else ""
-
-
-class LaunchFailed(Exception):
-    """A peer failed before training started (the others were stopped), or no peer
-    finished."""
-
-    def __init__(self, rank: int, code: int, reason: str, *, message: str | None = None):
-        super().__init__(message or f"peer {rank} failed (exit code {code}): {reason}")
-        self.rank, self.code, self.reason = rank, code, reason
 
 
 @dataclass(frozen=True)

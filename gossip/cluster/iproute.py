@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from functools import cache
 
 from gossip.cluster.rate import parse_rate
-from gossip.errors import GossipError
+from gossip.errors import NetnsError, NetnsUnavailable
 
 NS_IFACE = "eth0"
 CMD_TIMEOUT_S = 20.0
@@ -28,14 +28,6 @@ MAX_PREFIX = 6  # "gv-" + prefix + "-" + rank fits IFNAME_MAX up to rank 99999
 PREFIX = re.compile(rf"^[a-z0-9]{{1,{MAX_PREFIX}}}$")
 NS_NAME = re.compile(rf"^gossip-([a-z0-9]{{1,{MAX_PREFIX}}})-\d+$")
 LINK_NAME = re.compile(rf"^g[bv]-([a-z0-9]{{1,{MAX_PREFIX}}})(-\d+)?$")
-
-
-class NetnsError(GossipError):
-    """A namespace, link or qdisc command failed; the message names the command."""
-
-
-class NetnsUnavailable(NetnsError):
-    """This machine cannot host a virtual cluster: it needs root, iproute2 and netns."""
 
 
 def ns_name(prefix: str, rank: int) -> str:
