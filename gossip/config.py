@@ -27,7 +27,8 @@ class TrainConfig:
         minibatches: The batch is computed as this many equal mini-batches whose gradients
             are accumulated (the same step as one batch); delays are injected per
             mini-batch, and the ``nonblocking`` strategy may stop a round early.
-        lr: SGD learning rate.
+        lr: SGD learning rate; 0: no training step, the peers only mix their models
+            (pure gossip, e.g. to measure how fast they reach consensus).
         momentum: SGD momentum (local to each peer).
         partition: ``iid`` or ``dirichlet`` split of the training data over peers.
         alpha: Dirichlet concentration (smaller is more skewed).
@@ -92,7 +93,7 @@ class TrainConfig:
         _require(self.minibatches >= 1, "minibatches", self.minibatches, "must be >= 1")
         _require(self.batch_size % self.minibatches == 0, "batch_size", self.batch_size,
                  f"must be a multiple of minibatches ({self.minibatches})")
-        _require(self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(self.lr >= 0, "lr", self.lr, "must be >= 0 (0: pure gossip)")
         _require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
         _require(self.partition in SCHEMES, "partition", self.partition,
                  f"must be one of {', '.join(SCHEMES)}")

@@ -25,7 +25,11 @@ def _train_options(fn):
                      help="Asynchronous strategies: a peer also stops after N samples."),
         click.option("--budget-seconds", type=float, metavar="SECONDS",
                      help="Asynchronous strategies: a peer also stops after SECONDS."),
-        click.option("--lr", type=float, help="Learning rate."),
+        click.option("--snapshot-seconds", type=float, metavar="SECONDS",
+                     help="Asynchronous strategies: each peer saves its model every SECONDS "
+                          "for the consensus (0: no snapshots). Default 2."),
+        click.option("--lr", type=float, help="Learning rate (0: pure gossip, no training "
+                                              "step)."),
         click.option("--batch-size", type=int, help="Samples per local step."),
         click.option("--partition", help="Data split over peers: iid or dirichlet."),
         click.option("--alpha", type=float, help="Dirichlet concentration (non-iid skew)."),

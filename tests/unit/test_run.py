@@ -165,6 +165,16 @@ def test_launch_and_an_experiment_run_write_the_same_config_layout(tmp_path, pee
         arg.replace(str(tmp_path / "exp" / "one"), "DIR") for arg in run_args]
 
 
+def test_launch_flags_reach_the_peers_config(tmp_path, peers):
+    """--snapshot-seconds had no flag and --lr 0 (pure gossip) was refused."""
+    cli = CliRunner().invoke(main, ["launch", "--peers", "3", "--strategy", "adpsgd",
+                                    "--rounds", "2", "--lr", "0", "--snapshot-seconds", "0.5",
+                                    "--run-dir", str(tmp_path)])
+    assert cli.exit_code == 0, cli.output
+    train = yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]
+    assert (train["lr"], train["snapshot_seconds"]) == (0, 0.5)
+
+
 def _portless(topology: dict) -> dict:
     """The topology without its ports (free ones, found anew for each run)."""
     return {**topology, "peers": [{k: v for k, v in peer.items() if k != "port"}
