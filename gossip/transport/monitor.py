@@ -17,9 +17,13 @@ libzmq refuses some input before any message exists, and tells only its socket m
   peer going away causes (measured; no protocol error is reported, with or without CURVE).
 
 Our peers always say goodbye before closing, on the connection they close. So a connection
-that closes without a goodbye is counted as a rejection: an oversized frame, or a peer that
-died. The goodbye may still be queued behind other messages when the event comes, so a
-disconnect is judged only once the socket's queue is empty and ``GRACE_S`` has passed.
+that closes without a goodbye is counted as a rejection. ``DISCONNECTED`` itself does not say
+why, and a peer that exits or crashes causes it far more often than a 2 GiB frame: the
+judgement asks our own link to the peer last heard on that connection. A process that ended
+took both directions down (its kernel closed every socket at once); a sender whose frame was
+dropped is alive, our link to it stays up, and libzmq reconnects it. The goodbye may still be
+queued behind other messages when the event comes, so a disconnect is judged only once the
+socket's queue is empty and ``GRACE_S`` has passed.
 """
 
 from __future__ import annotations
@@ -123,9 +127,13 @@ class ConnectionWatch:
             self._logged[reason] = now
         self._reject(reason, quiet=quiet)
 
-    def judge(self) -> None:
+    def judge(self, link_up: Callable[[int], bool | None] = lambda rank: None) -> None:
         """Count the disconnects without a goodbye that are due; call only when the watched
-        socket's queue is empty (the transport looks again every WATCH_EVERY_S)."""
+        socket's queue is empty (the transport looks again every WATCH_EVERY_S).
+
+        ``link_up(rank)``: whether our own link to ``rank`` is up (None: we have none, or it
+        never came up), read after this socket's events: it tells a peer that ended from a
+        live sender whose frame libzmq dropped."""
         now = self._now()
         while self._closed:
             when, fd, endpoint = self._closed[0]
@@ -138,11 +146,24 @@ class ConnectionWatch:
                 if not self._goodbyes[fd]:
                     del self._goodbyes[fd]
                 continue
-            heard = f", last heard from peer {src}" if src is not None else ""
-            self._reject(f"connection {fd} on {endpoint}{heard} closed without a goodbye: a "
-                         f"frame over the socket's {self._max_frame_bytes}-byte limit "
-                         f"(ZMQ_MAXMSGSIZE) was dropped with whatever followed it, or the "
-                         f"peer died")
+            closed = f"connection {fd} on {endpoint}"
+            oversized = (f"a frame over the socket's {self._max_frame_bytes}-byte limit "
+                         f"(ZMQ_MAXMSGSIZE) was dropped with what followed it on that "
+                         f"connection")
+            up = None if src is None else link_up(src)
+            if src is None:  # nothing heard on it: a client that hung up, or its first frame
+                self._reject(f"{closed} closed without a goodbye before any valid message: "
+                             f"the client hung up or died, or {oversized}")
+            elif up is False:
+                self._reject(f"{closed}, last heard from peer {src}, closed without a "
+                             f"goodbye: peer {src} exited or crashed (this peer's link to "
+                             f"it went down too)")
+            elif up:
+                self._reject(f"{closed}, last heard from peer {src}, closed without a "
+                             f"goodbye while peer {src} is still up: {oversized}")
+            else:
+                self._reject(f"{closed}, last heard from peer {src}, closed without a "
+                             f"goodbye: peer {src} exited or crashed, or {oversized}")
 
     def close(self) -> None:
         if self.socket is not None:
@@ -213,6 +234,14 @@ class LinkWatch:
     def read_all(self) -> None:
         for rank in list(self.sockets):
             self.read(rank)
+
+    def is_up(self, rank: int) -> bool | None:
+        """Whether our link to ``rank`` is up now; None if we have none or it never came up
+        (events read first)."""
+        if rank not in self.sockets or rank not in self._ever_up:
+            return None
+        self.read(rank)
+        return rank not in self._down_since and rank not in self._judged
 
     def never_up(self) -> set[int]:
         """Peers whose link has not come up once in the ``dead_after`` seconds since we

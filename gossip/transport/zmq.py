@@ -290,7 +290,7 @@ class ZmqTransport(Transport):
     def _watch_connections(self) -> bool:
         """Read the connection monitors; True if a peer was just declared dead."""
         self._watch.read()
-        self._watch.judge()
+        self._watch.judge(link_up=self._links.is_up)
         return self._poll_liveness()
 
     def _sender(self, frames: list) -> int | None:

@@ -358,6 +358,42 @@ def test_oversized_frame_names_the_peer_last_heard_on_that_connection():
 
 
 @pytest.mark.parametrize("local_ipc", [True, False], ids=["ipc", "tcp"])
+def test_a_neighbour_that_crashed_is_not_called_an_oversized_frame(local_ipc):
+    """A crash closes both directions at once (here: every socket closed without a goodbye,
+    as the kernel does for a killed process); the disconnect alone looked like a dropped
+    2 GiB frame."""
+    net = Network("zmq")
+    try:
+        t0, t1 = net.open(2, local_ipc=local_ipc)
+        t0.send(1, tensor_msg())  # this peer's own link to 1 is up
+        t1.recv(src=0)
+        t1.send(0, tensor_msg())
+        t0.recv(src=1)
+        t1.close()
+        read_until(t0, lambda: t0.stats.messages_rejected, "peer 1's disconnect to be judged")
+        reason = t0.stats.rejections[0]
+        assert "peer 1 exited or crashed" in reason and "MAXMSGSIZE" not in reason, reason
+    finally:
+        net.close()
+
+
+def test_an_oversized_frame_from_a_peer_still_up_is_named_as_such():
+    net = Network("zmq")
+    try:
+        t0, t1 = net.open(2, max_message_bytes=1000)
+        t0.send(1, tensor_msg())
+        t1.recv(src=0)
+        t1.send(0, tensor_msg(round=1))
+        assert t0.recv().round == 1
+        t1.send(0, Message("gossip", 2, buffers=(torch.zeros(300),)))
+        read_until(t0, lambda: t0.stats.messages_rejected, "the oversized message's rejection")
+        reason = t0.stats.rejections[0]
+        assert "while peer 1 is still up" in reason and "ZMQ_MAXMSGSIZE" in reason, reason
+    finally:
+        net.close()
+
+
+@pytest.mark.parametrize("local_ipc", [True, False], ids=["ipc", "tcp"])
 def test_a_peer_leaving_after_its_goodbye_is_not_a_rejection(local_ipc):
     net = Network("zmq")
     try:
