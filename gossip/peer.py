@@ -149,6 +149,7 @@ class Peer:
                 try:
                     self.serve()
                     self.strategy.finish()  # e.g. serve neighbours still exchanging
+                    self._staging.write_back()  # the moves finish made, to the caller's tensor
                 except BaseException:
                     self.transport.close()
                     raise
@@ -248,7 +249,7 @@ class Peer:
     def _on_host(self, x: torch.Tensor, run, out: torch.Tensor | None = None) -> torch.Tensor:
         """``run(x, out)`` on a contiguous CPU ``x``; a device tensor is staged through a
         host buffer kept for the next rounds and the result comes back on its device."""
-        return self._staging.run(x, run, out)
+        return self._staging.run(x, run, out, kept=self.strategy.keeps_tensor)
 
     def communicating(self):
         """Context for work on the communication path outside ``synchronize`` (another

@@ -6,6 +6,12 @@ the caller's stream) the tensor is copied into a host buffer allocated once per 
 dtype (page-locked when CUDA is there), on a side stream that waits for the compute stream;
 the strategy runs in place on that buffer; the result goes back with a non-blocking copy
 that the compute stream waits for, so the host never waits on the device's return trip.
+
+A strategy that keeps its tensor between calls (``keeps_tensor``: adpsgd answers and applies
+exchanges in ``poll`` and ``finish``) moves the host buffer while the caller computes. That
+buffer is then the model: the next call adds only what the caller changed since the last
+return (its optimizer step) instead of copying the device tensor over the moves, and
+``write_back`` gives the caller the moves made after its last call.
 """
 
 from __future__ import annotations
@@ -33,31 +39,60 @@ class HostStaging:
         self._copiers: dict[torch.device, Copier] = {}
         self._buffers: dict[torch.dtype, torch.Tensor] = {}
         self.allocations = 0  # host buffers allocated so far (tests check the reuse)
+        # A kept tensor's last return: (host buffer, its copy as returned, where it went).
+        self._kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def run(self, x: torch.Tensor, run: Callable[[torch.Tensor, torch.Tensor | None],
                                                   torch.Tensor],
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, *, kept: bool = False) -> torch.Tensor:
         """``run`` on a contiguous host ``x``; a device tensor's result comes back on its
-        device (into ``out`` if given)."""
+        device (into ``out`` if given). ``kept``: the strategy keeps the tensor between
+        calls (see the module docstring)."""
         if x.device.type == "cpu":
             return run(x.contiguous(), out)
-        return self.stage(x, run, out)
+        return self.stage(x, run, out, kept=kept)
 
     def stage(self, x: torch.Tensor, run: Callable[[torch.Tensor, torch.Tensor | None],
                                                     torch.Tensor],
-              out: torch.Tensor | None = None) -> torch.Tensor:
+              out: torch.Tensor | None = None, *, kept: bool = False) -> torch.Tensor:
         """The staged path of ``run`` for any tensor (CPU ones too: tests use it so)."""
         copier = self._copier(x.device)
         host = self._buffer(x.dtype, x.numel()).view(x.shape)
         copier.after_device_work()
-        copier.start(host, x).synchronize()
+        last = self._kept
+        if kept and last is not None and last[0].data_ptr() == host.data_ptr() \
+                and last[1].shape == host.shape:
+            # host = host - returned + x: the strategy's moves since, plus the caller's step
+            # (exactly x when nothing moved).
+            fresh = torch.empty_like(host)
+            copier.start(fresh, x).synchronize()
+            host.sub_(last[1]).add_(fresh)
+        else:
+            copier.start(host, x).synchronize()
         result = run(host, host)  # in place: the buffer is ours alone until the next round
         dest = torch.empty_like(x) if out is None else out
-        # The next round's copy into ``host`` is queued behind this one on the same stream,
-        # and the host waits for that copy before writing: the buffer is never overwritten
-        # while this copy still reads it.
-        copier.before_device_use(copier.start(dest, result.view_as(dest)))
+        done = copier.start(dest, result.view_as(dest))
+        if kept:  # polls write the buffer at any time: the copy must have read it first
+            done.synchronize()
+            self._kept = (host, host.clone(), dest)
+        # Otherwise the next round's copy into ``host`` is queued behind this one on the
+        # same stream, and the host waits for that copy before writing: the buffer is never
+        # overwritten while this copy still reads it.
+        copier.before_device_use(done)
         return dest
+
+    def write_back(self) -> None:
+        """Copy a kept tensor's host buffer to where its last call returned it (the moves
+        the strategy made since, e.g. in ``finish``); nothing without one."""
+        if self._kept is None:
+            return
+        host, _, dest = self._kept
+        copier = self._copier(dest.device)
+        copier.after_device_work()
+        done = copier.start(dest, host.view_as(dest))
+        done.synchronize()
+        copier.before_device_use(done)
+        self._kept = (host, host.clone(), dest)
 
     def _copier(self, device: torch.device) -> Copier:
         if device not in self._copiers:

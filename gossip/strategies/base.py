@@ -18,7 +18,7 @@ STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
 CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer",
                 "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
-                "plans_rounds")
+                "plans_rounds", "keeps_tensor")
 #: The strategy a peer runs when none is named.
 DEFAULT = "dpsgd"
 #: An exact all-reduce mean over every peer (the consensus probe measures with it).
@@ -82,6 +82,9 @@ class Strategy(ABC):
     #: ``round_plan`` varies from round to round (local SGD: local steps, averages, a
     #: gradient-averaging warm-up, optimizer state reset or averaged at an average).
     plans_rounds: ClassVar[bool] = False
+    #: ``synchronize`` keeps the tensor it is given and moves it between calls (``poll``,
+    #: ``finish``): a device tensor's host copy is then the model (gossip/device/staging.py).
+    keeps_tensor: ClassVar[bool] = False
 
     def __init__(self, *, rank: int, topology, transport: Transport,
                  options: Options | None = None):

@@ -13,6 +13,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from gossip.config import TrainConfig
+from gossip.device import HostStaging
 from gossip.errors import ConfigError
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
@@ -58,6 +59,39 @@ def test_many_exchanges_with_delays_conserve_the_sum_and_get_one_reply_each(loca
             ("adpsgd.req", "adpsgd.rep")}
     assert sent["adpsgd.req"] == sent["adpsgd.rep"] == requests
     assert not torch.equal(torch.stack(final), x0)  # they did mix
+
+
+def test_staged_through_host_memory_no_exchange_move_is_lost(local_topology, monkeypatch):
+    """The path of a CUDA tensor, forced on CPU: the Peer stages every tensor through its host
+    buffer. Polls and ``finish`` move that buffer between calls; the next call must add the
+    caller's step to it, not copy the caller's tensor over it (the sum drifted by 0.1), and
+    the moves ``finish`` made reach the caller's tensor. Each peer's step adds a known
+    amount, so the final sum is the initial one plus every step."""
+    monkeypatch.setattr(HostStaging, "run", HostStaging.stage)
+    size, calls = 5, 60
+    topology = local_topology("ring", size)
+    x0 = torch.randn(size, 11, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    final, staged = [None] * size, [None] * size
+    all_bound, hub = threading.Barrier(size, timeout=10), LoopbackHub(size)
+
+    def main(rank: int) -> None:
+        x = x0[rank].clone()
+        with peer_once_all_bound(rank, topology, "adpsgd", all_bound, hub=hub,
+                                 seed=rank) as peer:
+            for rnd in range(calls):
+                x.add_(0.001 * (rank + 1))  # the caller's own step between calls
+                x = peer.synchronize(x, rnd, out=x)
+                peer.strategy.poll()  # exchanges applied between calls (as between batches)
+                time.sleep(0.0005)
+            staged[rank] = peer.strategy.exchanges + peer.strategy.answered
+        final[rank] = x
+
+    run_in_threads(size, main, timeout=60)
+    assert sum(staged) > 0  # exchanges were applied on the staged buffer
+    steps = sum(calls * 0.001 * (rank + 1) for rank in range(size))
+    total = torch.stack(final).sum(0)
+    torch.testing.assert_close(total, x0.sum(0) + steps, rtol=1e-12,
+                               atol=1e-12 * (x0.abs().sum() + steps * 11))
 
 
 def test_a_pair_is_bitwise_equal_after_one_exchange(local_topology, run_peers):

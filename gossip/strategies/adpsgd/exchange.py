@@ -42,6 +42,7 @@ class ADPSGD(Strategy):
     options_class = ADPSGDOptions
     operates_on = "params"
     synchronous = False
+    keeps_tensor = True
 
     def __init__(self, *, rank, topology, transport, options: ADPSGDOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
