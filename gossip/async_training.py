@@ -57,10 +57,12 @@ class AsyncRunner:
         """Train this peer's rounds, then finish its exchanges; returns the last record."""
         trainer = self.trainer
         trainer.started = trainer.clock.monotonic()
-        record, samples = None, 0
+        record, samples, membership = None, 0, self.peer.transport.membership
         for rnd in range(trainer.first_round, trainer.config.rounds):
             if self.spent(samples):
                 break
+            # Its messages carry no round: a neighbour lost from now on is dated by this step.
+            membership.round = max(membership.round, rnd)
             before = self.peer.stats
             work = trainer.compute(rnd)
             comm_s = self.step(rnd, work.minibatches)

@@ -121,6 +121,12 @@ class TrainConfig:
         if self.budget_samples or self.budget_seconds:
             _check_asynchronous(self.strategy, self.options)
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the strategy runs without lockstep rounds: each peer counts its own steps
+        (``Strategy.synchronous`` false)."""
+        return not _capabilities(self.strategy, self.options)["synchronous"]
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["options"] = dict(self.options)
@@ -172,11 +178,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _check_asynchronous(strategy: str, options: Mapping[str, Any]) -> None:
+def _capabilities(strategy: str, options: Mapping[str, Any]) -> dict[str, Any]:
     from gossip.strategies import STRATEGIES
 
     parsed = STRATEGIES.options(strategy, options)
-    if STRATEGIES.strategy_class(strategy, parsed).capabilities_for(parsed)["synchronous"]:
+    return STRATEGIES.strategy_class(strategy, parsed).capabilities_for(parsed)
+
+
+def _check_asynchronous(strategy: str, options: Mapping[str, Any]) -> None:
+    if _capabilities(strategy, options)["synchronous"]:
         raise ConfigError(f"budget_samples/budget_seconds: strategy {strategy} runs in "
                           f"lockstep rounds, so every peer must run the same rounds (give "
                           f"rounds); budgets in samples or seconds need an asynchronous "

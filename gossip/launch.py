@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gossip.errors import ConfigError, LaunchFailed
-from gossip.metrics import last_record
+from gossip.metrics import last_record, read_jsonl
 
 POLL_S = 0.2
 STOP_GRACE_S = 3.0
@@ -42,8 +42,10 @@ class Death:
 
     rank: int
     code: int  # negative: the signal that killed it
-    rounds: int  # rounds it had completed
+    rounds: int  # rounds it had completed (an asynchronous peer: steps)
     last_line: str  # its log's last line (its one-line error when it failed itself)
+    injected: bool = False  # a fault the run injected itself (e.g. `gossip simulate --kill`)
+    samples: int | None = None  # an asynchronous peer's training samples; None: in rounds
 
     def describe(self) -> str:
         if self.code < 0:
@@ -53,8 +55,36 @@ class Death:
                 how = f"killed by signal {-self.code}"
         else:
             how = f"exit code {self.code}"
+        if self.injected:
+            how += ", injected"
+        done = (f"{self.rounds} round(s)" if self.samples is None
+                else f"{self.rounds} step(s), {self.samples} samples")
         why = f": {self.last_line}" if self.code > 0 and self.last_line else ""
-        return f"peer {self.rank} died ({how}) after {self.rounds} round(s){why}"
+        return f"peer {self.rank} died ({how}) after {done}{why}"
+
+
+def progress(records: list[dict], *, asynchronous: bool) -> dict[str, int | None]:
+    """A peer's ``rounds`` and ``samples`` for its ``Death``, from its records so far."""
+    rounds = records[-1]["round"] + 1 if records else 0
+    return {"rounds": rounds,
+            "samples": sum(r["samples"] for r in records) if asynchronous else None}
+
+
+def check_deaths(deaths: list[Death], *, tolerate: int = 0) -> None:
+    """The exit status of every run (`gossip launch`, `gossip simulate`, an experiment's
+    runs): it failed if a peer died that the run did not kill itself, beyond ``tolerate``
+    such deaths (``--tolerate-deaths``).
+
+    Raises:
+        LaunchFailed: naming every such peer, how it died and its last line.
+    """
+    failed = [death for death in deaths if not death.injected]
+    if len(failed) <= tolerate:
+        return
+    first = failed[0]
+    budget = f", more than the {tolerate} tolerated" if tolerate else ""
+    raise LaunchFailed(first.rank, first.code, first.last_line, message=(
+        f"{len(failed)} peer(s) died{budget}: " + "; ".join(d.describe() for d in failed)))
 
 
 def local_ranks(topology) -> list[int]:
@@ -106,7 +136,8 @@ def popen(wrap: Callable[[int, list[str]], list[str]] | None = None) -> Spawn:
 
 
 def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],
-          on_death: Callable[[Death], None] | None = None) -> list[Death]:
+          on_death: Callable[[Death], None] | None = None, *,
+          asynchronous: bool = False) -> list[Death]:
     """Wait for every peer, reporting rounds done; returns the peers that died meanwhile.
 
     A peer failing before its first round stops everyone at once (LaunchFailed): the run
@@ -114,6 +145,8 @@ def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],
     left to handle it: gossip strategies drop it and finish, all-reduce strategies stop with
     an error naming it within the dead-peer delay; each has its own timeouts, so none hangs.
     Without ``on_death`` any failure stops everyone (a run that must be complete).
+
+    ``asynchronous``: the peers count steps, not rounds (a death reports its samples too).
 
     Raises:
         LaunchFailed: a peer failed at start (or at all, without ``on_death``), or no peer
@@ -128,7 +161,10 @@ def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],
                 code = p.process.poll()
                 if code in (None, 0) or any(d.rank == p.rank for d in deaths):
                     continue
-                death = Death(p.rank, code, _rounds_done(p), p.last_log_line())
+                death = Death(p.rank, code, last_line=p.last_log_line(),
+                              **progress(read_jsonl(p.metrics_path)
+                                         if p.metrics_path.exists() else [],
+                                         asynchronous=asynchronous))
                 if on_death is None or (death.rounds == 0 and not deaths):
                     stop(procs)
                     raise LaunchFailed(p.rank, code, death.last_line or "no output")

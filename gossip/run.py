@@ -87,7 +87,7 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
                   disable=progress is None) as bar:
             report = None if on_death is None else lambda death: _over(bar, on_death, death)
             deaths = launch.watch(procs, on_progress=lambda done: bar.update(done - bar.n),
-                                  on_death=report)
+                                  on_death=report, asynchronous=config.asynchronous)
     return RunResult(run_dir, placement.ranks, deaths, time.monotonic() - start)
 
 

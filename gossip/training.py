@@ -310,6 +310,11 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
                       metrics=metrics, on_round=on_round, on_minibatch=on_minibatch)
     if resume:
         trainer.resume(history, round=resume_round)
-    # An asynchronous strategy (no rounds) runs the same phases without lockstep.
-    last = (trainer if peer.strategy.synchronous else AsyncRunner(trainer)).run()
+    last = run_trainer(trainer)
     return {} if last is None else last.as_dict()
+
+
+def run_trainer(trainer: Trainer) -> Record | None:
+    """``trainer.run()``, except that an asynchronous strategy (no rounds) runs the same
+    phases without lockstep (``AsyncRunner``); returns the last record."""
+    return (trainer if trainer.peer.strategy.synchronous else AsyncRunner(trainer)).run()

@@ -9,7 +9,7 @@ import click
 
 from gossip.cli.common import fail_cleanly, main
 from gossip.cli.summary import run_summary
-from gossip.cli.train import _rank_values, _train_config, _train_options
+from gossip.cli.train import TOLERATE_HELP, _rank_values, _train_config, _train_options
 from gossip.errors import ConfigError
 
 
@@ -55,6 +55,8 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
                    "mini-batch on top of the injected delays.")
 @click.option("--kill", "kills", multiple=True, metavar="RANK:SECONDS",
               help="Kill peer RANK at this virtual time, repeatable.")
+@click.option("--tolerate-deaths", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="N", help=TOLERATE_HELP)
 @click.option("--probe", type=click.Choice(["exchange", "oracle"]), default="exchange",
               show_default=True, help="Consensus probe: the real all-reduce, or computed by "
                                       "the simulator (for many peers).")
@@ -65,8 +67,8 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
 @_train_options
 @fail_cleanly
 def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, message_cost,
-             byte_cost, compute_model, kills, probe, sizes_only, quiet, config_path, strategy_options,
-             **flags):
+             byte_cost, compute_model, kills, tolerate_deaths, probe, sizes_only, quiet,
+             config_path, strategy_options, **flags):
     """Simulate a run: the peers' real code in virtual time on a modelled network.
 
     Writes the run directory `gossip launch` writes (so `gossip plot` reads it); times in
@@ -98,17 +100,18 @@ def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, mess
         return
     result = simulate_run(config, topology, run_dir, simulation,
                           progress=None if quiet else config.strategy)
-    from gossip.launch import Death
+    from gossip.launch import check_deaths
 
-    deaths = [Death(rank, -9, len(result.records[rank]), "") for rank in result.killed]
-    deaths += [Death(rank, 1, len(result.records[rank]), why)
-               for rank, why in sorted(result.failed.items())]
-    if len(deaths) == topology.size:
-        raise ConfigError(f"every simulated peer failed; the first: {deaths[0].describe()}")
+    deaths = result.deaths(asynchronous=config.asynchronous)
+    if len(deaths) == topology.size:  # no table to print
+        check_deaths(deaths, tolerate=min(tolerate_deaths, topology.size - 1))
+        raise ConfigError(f"every simulated peer was killed (--kill); the first: "
+                          f"{deaths[0].describe()}")
     click.echo(run_summary(run_dir, [r for r in range(topology.size)], deaths))
     click.echo(f"virtual time {result.virtual_s:.3f} s, wall {result.wall_s:.1f} s, "
                f"{result.events} events, peak memory {result.max_rss_mb:.0f} MB")
     click.echo(f"run directory: {run_dir}")
+    check_deaths(deaths, tolerate=tolerate_deaths)
 
 
 @main.command("sim-compare")

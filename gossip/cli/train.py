@@ -16,6 +16,10 @@ from gossip.errors import ConfigError, GossipError
 from gossip.rendezvous.launchers import RANK_ENV
 
 
+TOLERATE_HELP = ("Exit 0 even if up to N peers died (the run exits non-zero when a peer it "
+                 "did not kill itself died).")
+
+
 def _train_options(fn):
     """Training flags shared by `peer` and `launch`; unset flags keep the config's value."""
     options = [
@@ -261,17 +265,19 @@ def _device(shared, rank: int, node, timeout: float):
 @click.option("--resume", is_flag=True,
               help="Restart the whole job from every peer's last checkpoint (use the run's "
                    "--run-dir, --topology and --config).")
+@click.option("--tolerate-deaths", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="N", help=TOLERATE_HELP)
 @_train_options
 @fail_cleanly
 def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoint_dir, resume,
-           config_path, strategy_options, **flags):
+           tolerate_deaths, config_path, strategy_options, **flags):
     """Start every local peer, show progress, print a per-peer summary.
 
     With no arguments: the demo, 4 peers on a ring training the digits MLP with dpsgd.
     """
     from gossip.cli.summary import run_summary
     from gossip.crossover.connect import device_config
-    from gossip.launch import LaunchFailed
+    from gossip.launch import LaunchFailed, check_deaths
     from gossip.netutil import free_ports
     from gossip.run import launch_run
     from gossip.topology import Topology
@@ -307,7 +313,8 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
                             peer_args=peer_args, progress=config.strategy, on_ready=announce,
                             on_death=lambda death: click.echo(
                                 f"{death.describe()}; the others go on"))
+        click.echo(run_summary(run_dir, result.ranks, result.deaths))
+        click.echo(f"run directory: {run_dir}")
+        check_deaths(result.deaths, tolerate=tolerate_deaths)
     except LaunchFailed as exc:
         raise GossipError(f"{exc}; logs in {run_dir}") from None
-    click.echo(run_summary(run_dir, result.ranks, result.deaths))
-    click.echo(f"run directory: {run_dir}")

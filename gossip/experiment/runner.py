@@ -10,7 +10,7 @@ import yaml
 
 from gossip.errors import ConfigError, GossipError
 from gossip.experiment.spec import Experiment, Run
-from gossip.launch import LaunchFailed
+from gossip.launch import check_deaths
 from gossip.netutil import free_ports
 from gossip.zygote import Zygote
 
@@ -51,7 +51,7 @@ def run_experiment(experiment: Experiment, out: Path, *, only: tuple[str, ...] =
             continue
         try:
             seconds = _launch(run, out / run.name, progress=progress, zygote=zygote)
-        except (LaunchFailed, GossipError) as exc:  # e.g. no netns without root
+        except GossipError as exc:  # a peer died (LaunchFailed), no netns without root...
             echo(f"run {run.name} failed: {exc}; logs in {out / run.name}")
             failed.append(run.name)
         else:
@@ -85,13 +85,12 @@ def _launch(run: Run, run_dir: Path, *, progress: bool, zygote: Zygote) -> float
         result = simulate_run(run.config, _topology(run), run_dir, run.simulation,
                               extra_config={"run": run.name},
                               progress=f"{label} (simulated)" if progress else None)
-        if result.failed:
-            raise GossipError("simulated peer(s) failed: " + "; ".join(
-                f"peer {rank}: {why}" for rank, why in sorted(result.failed.items())))
+        check_deaths(result.deaths(asynchronous=run.config.asynchronous))
         return result.wall_s
     result = launch_run(run.config, _topology(run), run_dir, rate=run.rate,
                         extra_config={"run": run.name}, progress=label if progress else None,
                         zygote=zygote)
+    check_deaths(result.deaths)  # none: without on_death a death stops the run (LaunchFailed)
     return result.seconds
 
 

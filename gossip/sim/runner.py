@@ -18,13 +18,14 @@ from tqdm import tqdm
 
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
+from gossip.launch import Death, progress
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
 from gossip.sim.clock import ModelledCompute, parse_compute
 from gossip.sim.network import NetworkModel
 from gossip.sim.probe import Meetings, OracleProbe
 from gossip.sim.transport import SimWorld
-from gossip.training import Trainer
+from gossip.training import Trainer, run_trainer
 
 log = logging.getLogger("gossip.sim")
 PROBES = ("exchange", "oracle")
@@ -112,6 +113,16 @@ class SimResult:
     events: int
     max_rss_mb: float  # this process's peak resident memory
 
+    def deaths(self, *, asynchronous: bool) -> list[Death]:
+        """The peers that did not finish, as `gossip launch` reports them: the killed ones
+        (injected by the run), then those that failed."""
+        def died(rank: int, code: int, why: str, injected: bool) -> Death:
+            return Death(rank, code, last_line=why, injected=injected,
+                         **progress(self.records.get(rank, []), asynchronous=asynchronous))
+
+        return ([died(rank, -9, "", True) for rank in self.killed]
+                + [died(rank, 1, why, False) for rank, why in sorted(self.failed.items())])
+
 
 def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
                  simulation: Simulation = Simulation(), *,
@@ -198,7 +209,7 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
             trainer.delays = world.compute.delays(trainer.delays)
             if meetings is not None:
                 trainer.consensus = OracleProbe(meetings, node, trainer.task)
-            last = trainer.run()
+            last = run_trainer(trainer)  # an asynchronous strategy as `gossip peer` runs it
             stats[rank] = node.stats  # before the goodbyes
         return {} if last is None else last.as_dict()
     return run

@@ -293,7 +293,7 @@ def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
     launch = subprocess.Popen(
         [sys.executable, "-m", "gossip", "launch", "--peers", "8", "--rounds", str(rounds),
          "--run-dir", str(run_dir), "--timeout", "30", "--dead-after", "1",
-         "--compute-delay", "0.02"],
+         "--compute-delay", "0.02", "--tolerate-deaths", "1"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
@@ -324,3 +324,39 @@ def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
         lost = records[-1]["lost_peers"]
         assert list(lost) == [str(victim)] and lost[str(victim)] >= killed_after - 1
         assert records[-1]["accuracy"] > 0.5
+
+
+@pytest.mark.slow
+def test_launch_exits_non_zero_naming_a_peer_that_died_uninvited(tmp_path):
+    """The survivors finish, the table is printed, and the exit status says a peer died
+    (it was 0 as long as one peer finished)."""
+    rounds, victim = 40, 1
+    run_dir = tmp_path / "run"
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "gossip", "launch", "--peers", "3", "--rounds", str(rounds),
+         "--run-dir", str(run_dir), "--timeout", "30", "--dead-after", "1",
+         "--compute-delay", "0.02"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        def victim_under_way() -> int | None:
+            assert launch.poll() is None, launch.communicate()
+            path = run_dir / f"peer-{victim}.jsonl"
+            return path.exists() and len(read_jsonl(path)) >= 3 and _pid_of_rank(launch.pid,
+                                                                                   victim)
+
+        os.kill(wait_until(victim_under_way, 90, "the victim to get 3 rounds in"),
+                signal.SIGKILL)
+        out, err = launch.communicate(timeout=120)
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+        topology = run_dir / "topology.yaml"
+        if topology.exists():
+            ipc = local_ipc(Topology.from_yaml(topology).address(victim))
+            Path(ipc.removeprefix("ipc://")).unlink(missing_ok=True)
+    assert launch.returncode == 1, (out, err)
+    assert "mean test accuracy" in out
+    assert re.search(rf"^error: 1 peer\(s\) died: peer {victim} died \(killed by SIGKILL\) "
+                     rf"after \d+ round\(s\); logs in ", err, re.M), err

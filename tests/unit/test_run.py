@@ -44,7 +44,7 @@ class FakePeers:
                                      samples=16, consensus=0.0, avg_accuracy=0.9).as_dict())
         return list(ranks)
 
-    def watch(self, procs, on_progress, on_death=None):
+    def watch(self, procs, on_progress, on_death=None, *, asynchronous=False):
         on_progress(len(procs))
         for death in self.deaths:
             on_death(death)
@@ -131,6 +131,47 @@ def test_deaths_are_reported_and_returned(tmp_path, peers):
     result = launch_run(CONFIG, topology(), tmp_path, progress="dpsgd",
                         on_death=reported.append)
     assert reported == result.deaths == [death]
+
+
+def test_a_death_fails_the_run_unless_injected_or_tolerated():
+    """The one rule of launch, simulate and experiment runs (they exited 0 when a peer died
+    with an error, provided one finished)."""
+    crash = launch.Death(rank=3, code=1, rounds=4, last_line="RuntimeError: boom")
+    killed = launch.Death(rank=1, code=-9, rounds=2, last_line="", injected=True)
+    launch.check_deaths([])
+    launch.check_deaths([killed])  # a fault the run injected itself
+    with pytest.raises(launch.LaunchFailed) as info:
+        launch.check_deaths([killed, crash])
+    assert str(info.value) == ("1 peer(s) died: peer 3 died (exit code 1) after 4 round(s): "
+                               "RuntimeError: boom")
+    assert info.value.rank == 3
+    launch.check_deaths([killed, crash], tolerate=1)
+    with pytest.raises(launch.LaunchFailed, match="2 peer.s. died, more than the 1 tolerated"):
+        launch.check_deaths([crash, launch.Death(rank=0, code=-15, rounds=0, last_line="")],
+                            tolerate=1)
+
+
+def test_an_asynchronous_death_counts_steps_and_samples():
+    records = [{"round": r, "samples": 16} for r in range(5)]
+    death = launch.Death(rank=2, code=-9, last_line="",
+                         **launch.progress(records, asynchronous=True))
+    assert death.describe() == "peer 2 died (killed by SIGKILL) after 5 step(s), 80 samples"
+    assert launch.progress([], asynchronous=False) == {"rounds": 0, "samples": None}
+
+
+@pytest.mark.parametrize("tolerate, code", [(None, 1), ("1", 0)])
+def test_launch_exits_non_zero_when_a_peer_died(tmp_path, peers, tolerate, code):
+    peers.deaths = [launch.Death(rank=2, code=1, rounds=1, last_line="RuntimeError: boom")]
+    cli = CliRunner().invoke(main, ["launch", "--peers", "3", "--rounds", "2", "--run-dir",
+                                    str(tmp_path),
+                                    *(["--tolerate-deaths", tolerate] if tolerate else [])])
+    assert cli.exit_code == code, cli.output
+    assert "peer 2 died (exit code 1) after 1 round(s): RuntimeError: boom" in cli.output
+    assert "mean test accuracy" in cli.output  # the table of the others first
+    if code:
+        assert cli.output.rstrip().splitlines()[-1] == (
+            f"error: 1 peer(s) died: peer 2 died (exit code 1) after 1 round(s): "
+            f"RuntimeError: boom; logs in {tmp_path}")
 
 
 def test_no_local_rank_is_one_config_error_and_nothing_starts(tmp_path, peers):
