@@ -105,7 +105,7 @@ def test_a_sigkilled_holder_frees_the_device(tmp_path, caplog):
                 holder.kill()
                 with b.compute(0):
                     pass
-                assert time.monotonic() - start < 3
+                assert time.monotonic() - start < 8  # not b's 10 s timeout
         finally:
             holder.kill()
             holder.wait(timeout=5)

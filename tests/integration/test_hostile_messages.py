@@ -79,7 +79,7 @@ def test_a_rejected_control_message_changes_nothing(run_peers):
     assert all("ctl.gone" in why or "without a goodbye" in why for why in reasons), reasons
     assert zero.transport.contacts == {1}  # not 2: the message was rejected
     assert zero.lost_peers == {} and all(p.lost_peers == {} for p in peers)
-    assert closing[0] < 2.0, closing  # no wait for a goodbye that never comes
+    assert closing[0] < 8.0, closing  # no wait (10 s) for a goodbye that never comes
 
 
 def test_a_message_of_too_many_frames_is_dropped_unread_in_constant_memory():

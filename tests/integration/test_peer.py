@@ -163,7 +163,8 @@ def test_failed_peer_does_not_hang_its_neighbours_shutdown(local_topology, run_p
 
     run_peers(2, peer_main)
     # It waits `timeout` for the goodbye, then up to 1 s (flush) for its own to leave.
-    assert len(closed_after) == 1 and 1.0 - 0.05 < closed_after[0] < 1.0 + 1.0 + 0.5
+    # The upper bound leaves a loaded machine room, and is still far from a stuck close.
+    assert len(closed_after) == 1 and 1.0 - 0.05 < closed_after[0] < 1.0 + 1.0 + 6.0
 
 
 # -- Peer.step ------------------------------------------------------------------------------

@@ -279,4 +279,4 @@ def test_a_restarted_peer_whose_job_has_finished_fails_at_once(local_topology):
     with pytest.raises(RejoinError, match="no peer is running"):
         with Peer(3, topology, "dpsgd", timeout=60, dead_after=1, keep_for_rejoin=True) as peer:
             peer.rejoin(5)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # not the 60 s timeout

@@ -23,7 +23,7 @@ def _echo(rank, world, tag):
 def _fail_on_one(rank, world):
     if rank == 1:
         raise ValueError("boom from rank one")
-    time.sleep(60)  # the harness must terminate the survivors
+    time.sleep(3600)  # the harness must terminate the survivors
 
 
 def _hang_on_two(rank, world):
@@ -70,21 +70,26 @@ def test_run_ranks_reports_failing_rank_and_cleans_up():
     assert "rank 1" in first_line
     assert "ValueError: boom from rank one" in first_line
     assert "Traceback" in message  # the rank's traceback follows the summary
-    assert time.monotonic() - start < 30  # survivors were terminated, not waited for
+    assert time.monotonic() - start < 100  # survivors were terminated, not waited for
     _assert_no_children()
 
 
-@pytest.mark.slow  # waits out its 2 s timeout
+# The timeout counts from the first start, before a spawned rank has even imported this
+# module: on a loaded machine the ranks that return at once may still be missing then too.
+MISSING = r"rank\(s\) (0, )?(1, )?"
+
+
+@pytest.mark.slow  # waits out its 5 s timeout
 def test_run_ranks_timeout_names_missing_ranks_and_cleans_up():
-    with pytest.raises(RuntimeError, match=r"rank\(s\) 2 did not finish within 2 s"):
-        run_ranks(_hang_on_two, 3, timeout=2)
+    with pytest.raises(RuntimeError, match=MISSING + r"2 did not finish within 5 s"):
+        run_ranks(_hang_on_two, 3, timeout=5)
     _assert_no_children()
 
 
 @pytest.mark.slow  # waits out its timeout and the terminate grace
 def test_run_ranks_kills_ranks_that_ignore_sigterm():
-    with pytest.raises(RuntimeError, match=r"rank\(s\) 2, 3 did not finish within 1\.5 s"):
-        run_ranks(_hang_ignoring_sigterm, 4, timeout=1.5)
+    with pytest.raises(RuntimeError, match=MISSING + r"2, 3 did not finish within 5 s"):
+        run_ranks(_hang_ignoring_sigterm, 4, timeout=5)
     _assert_no_children()
 
 

@@ -36,7 +36,7 @@ def test_a_receive_times_out_in_virtual_time_without_waiting():
     [error, _] = run_peers(world, waits, lambda: None)
     assert isinstance(error, PeerTimeout) and "within 3600 s" in str(error)
     assert world.scheduler.now == 3600.0
-    assert time.perf_counter() - started < 5  # an hour of virtual time, no real wait
+    assert time.perf_counter() - started < 60  # an hour of virtual time, no real wait
 
 
 def test_messages_arrive_after_transfer_and_latency_as_private_copies():

@@ -449,7 +449,8 @@ def test_timeout_names_the_peer_and_the_round(network):
     with pytest.raises(PeerTimeout) as info:
         t0.recv(src=1, kind="gossip", round=3)
     elapsed = time.monotonic() - start
-    assert 0.3 - 0.01 <= elapsed < 0.3 + 0.5  # poll() counts whole milliseconds
+    # poll() counts whole milliseconds; the slack is a loaded machine's, below the 5 s default.
+    assert 0.3 - 0.01 <= elapsed < 0.3 + 4.0
     text = str(info.value)
     assert "rank 0" in text and "peer 1" in text and "round 3" in text and "0.3 s" in text
     with pytest.raises(PeerTimeout, match="any peer for round any within 0.1 s"):
@@ -483,7 +484,7 @@ def test_shutdown_returns_silent_contacts_after_the_timeout(network):
     t1.close()  # dies without a goodbye
     start = time.monotonic()
     assert t0.shutdown(timeout=0.3, flush=0.0) == {1}
-    assert time.monotonic() - start < 0.3 + 0.5
+    assert time.monotonic() - start < 0.3 + 4.0  # a loaded machine's slack, below the 5 s default
 
 
 # -- ZeroMQ specifics ---------------------------------------------------------------------
@@ -525,7 +526,8 @@ def test_closing_transport_spares_the_ipc_file_of_its_successor():
     path = Path(local_ipc(endpoints[0]).removeprefix("ipc://"))
     old = ZmqTransport(0, endpoints, timeout=5.0).open()
     old.send(1, tensor_msg())  # rank 1 never starts: this and the goodbye stay queued
-    closing = threading.Thread(target=old.shutdown, kwargs={"timeout": 0.1, "flush": 1.0})
+    # The successor must open within the old one's linger (flush): seconds, for a loaded machine.
+    closing = threading.Thread(target=old.shutdown, kwargs={"timeout": 0.1, "flush": 6.0})
     closing.start()
     successor = None
     try:
@@ -535,15 +537,15 @@ def test_closing_transport_spares_the_ipc_file_of_its_successor():
             except TransportError:
                 return None
 
-        successor = wait_until(open_successor, 0.9, "the address to come free")
+        successor = wait_until(open_successor, 5.0, "the address to come free")
         assert closing.is_alive(), "missed the old one's linger"
-        closing.join(5.0)
+        closing.join(10.0)
         with ZmqTransport(1, endpoints, timeout=2.0) as sender:
             sender.send(0, tensor_msg(value=5.0))
             assert path.exists(), "the successor's ipc socket file was removed"
             assert successor.recv(timeout=2.0).meta["value"] == 5.0
     finally:
-        closing.join(5.0)
+        closing.join(10.0)
         if successor is not None:
             successor.close()
 
@@ -594,5 +596,5 @@ def test_a_receive_timeout_fires_in_virtual_time_without_waiting():
     started = real_time.perf_counter()
     with pytest.raises(PeerTimeout, match="within 60 s"):
         t0.recv(src=1, kind="gossip", round=0)
-    assert real_time.perf_counter() - started < 1.0
+    assert real_time.perf_counter() - started < 30  # not the 60 s
     assert clock.monotonic() == pytest.approx(160.0)
