@@ -39,8 +39,9 @@ class HostStaging:
         self._copiers: dict[torch.device, Copier] = {}
         self._buffers: dict[torch.dtype, torch.Tensor] = {}
         self.allocations = 0  # host buffers allocated so far (tests check the reuse)
-        # A kept tensor's last return: (host buffer, its copy as returned, where it went).
-        self._kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # A kept tensor's last return: (host buffer, its copy as returned, where it went,
+        # scratch for the next call's copy of the caller's tensor).
+        self._kept: tuple[torch.Tensor, ...] | None = None
 
     def run(self, x: torch.Tensor, run: Callable[[torch.Tensor, torch.Tensor | None],
                                                   torch.Tensor],
@@ -60,11 +61,12 @@ class HostStaging:
         host = self._buffer(x.dtype, x.numel()).view(x.shape)
         copier.after_device_work()
         last = self._kept
-        if kept and last is not None and last[0].data_ptr() == host.data_ptr() \
-                and last[1].shape == host.shape:
+        same = (last is not None and last[0].data_ptr() == host.data_ptr()
+                and last[1].shape == host.shape)
+        if kept and same:
             # host = host - returned + x: the strategy's moves since, plus the caller's step
-            # (exactly x when nothing moved).
-            fresh = torch.empty_like(host)
+            # (exactly x when nothing moved). ``fresh`` becomes the next ``returned``.
+            fresh = last[3]
             copier.start(fresh, x).synchronize()
             host.sub_(last[1]).add_(fresh)
         else:
@@ -74,7 +76,7 @@ class HostStaging:
         done = copier.start(dest, result.view_as(dest))
         if kept:  # polls write the buffer at any time: the copy must have read it first
             done.synchronize()
-            self._kept = (host, host.clone(), dest)
+            self._keep(host, dest, last if same else None)
         # Otherwise the next round's copy into ``host`` is queued behind this one on the
         # same stream, and the host waits for that copy before writing: the buffer is never
         # overwritten while this copy still reads it.
@@ -86,13 +88,21 @@ class HostStaging:
         the strategy made since, e.g. in ``finish``); nothing without one."""
         if self._kept is None:
             return
-        host, _, dest = self._kept
+        host, _, dest, _ = self._kept
         copier = self._copier(dest.device)
         copier.after_device_work()
         done = copier.start(dest, host.view_as(dest))
         done.synchronize()
         copier.before_device_use(done)
-        self._kept = (host, host.clone(), dest)
+        self._keep(host, dest, self._kept)
+
+    def _keep(self, host: torch.Tensor, dest: torch.Tensor, last: tuple | None) -> None:
+        """Remember a kept tensor's return: its host buffer, a copy of it as returned, where
+        it went, and a scratch buffer; the two copies are reused while the size stays."""
+        returned, scratch = ((last[3], last[1]) if last is not None
+                             else (torch.empty_like(host), torch.empty_like(host)))
+        returned.copy_(host)
+        self._kept = (host, returned, dest, scratch)
 
     def _copier(self, device: torch.device) -> Copier:
         if device not in self._copiers:
