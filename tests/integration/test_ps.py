@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from gossip.errors import PeerGone
+from gossip.errors import ConfigError, PeerGone
+from gossip.strategies import STRATEGIES
 from gossip.strategies.ps.shards import participants
 from gossip.topology import Topology
 from support import make_local_topology, peer_once_all_bound, run_in_threads
@@ -44,6 +45,14 @@ def run_ps(topology: Topology, body, **options) -> list:
             return body(peer, rank)
 
     return run_in_threads(topology.size, main, timeout=4 * TIMEOUT)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), -1, 0, float("inf")])
+def test_scale_must_be_a_positive_finite_number(scale):
+    """Refused at start: with NaN every reply was rejected as non-finite, then a timeout."""
+    with pytest.raises(ConfigError, match="^scale must be a positive finite number, got"):
+        STRATEGIES.options("ps", {"mode": "async", "scale": scale})
+    assert STRATEGIES.options("ps", {"mode": "async", "scale": 0.5}).scale == 0.5
 
 
 @pytest.mark.parametrize("size, servers", [(5, None), (4, [0]), (5, [1, 3])])
