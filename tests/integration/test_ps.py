@@ -136,6 +136,16 @@ def test_async_unit_deltas_count_every_push():
     assert model.tolist() == [0, 0, 4, 6, 5]
 
 
+def test_shard_k_lives_on_the_kth_server_listed():
+    """servers: [3, 1]: the first shard of the vector on rank 3, the second on rank 1."""
+    topology = ps_topology(5, [3, 1])
+    x = torch.arange(7, dtype=torch.float64)
+    results = run_ps(topology, lambda peer, rank: peer.synchronize(x.clone(), 0), mode="async")
+    assert all(torch.equal(results[w], x) for w in (0, 2, 4))
+    assert results[3].server.model.tolist() == [0, 1, 2]  # bounds(7, 2): [0, 3), [3, 7)
+    assert results[1].server.model.tolist() == [3, 4, 5, 6]
+
+
 def test_ssp_pulls_are_never_more_than_s_clocks_stale():
     topology = ps_topology(4, [0])  # workers 1, 2, 3; worker 3 is slow
     s = 1
