@@ -10,8 +10,12 @@ import time
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from gossip.cli import main
+from gossip.config import TrainConfig
 from gossip.errors import ConfigError, PeerGone
+from gossip.sim import NetworkModel, Simulation, simulate_run
 from gossip.strategies import STRATEGIES
 from gossip.strategies.ps.shards import participants
 from gossip.topology import Topology
@@ -242,3 +246,38 @@ def test_a_dead_worker_stops_a_sync_server_by_name_or_is_covered_by_a_backup():
             assert torch.equal(outcome[2], outcome[1])
         else:
             assert isinstance(outcome[0], PeerGone) and "worker(s) 3" in str(outcome[0]), outcome
+
+
+@pytest.mark.parametrize("probe", ["exchange", "oracle"])
+def test_a_simulated_run_serves_on_ranks_that_only_serve(tmp_path, probe, capsys):
+    """`gossip simulate` with roles: ranks 3 and 1 serve (they wrote no records and the bar
+    counted no rounds of theirs), the workers train with one model; the consensus probe,
+    which servers never join, is skipped with either probe (not waited for in vain)."""
+    topology = Topology.from_dict({"size": 5, "servers": [3, 1]})
+    config = TrainConfig.from_dict({"strategy": "ps", "rounds": 3, "batch_size": 16,
+                                    "eval_every": 1, "seed": 3})
+    sim = simulate_run(config, topology, tmp_path, Simulation(
+        network=NetworkModel(rate="100mbit"), probe=probe), progress="ps")
+    assert sim.failed == {}
+    assert sorted(p.name for p in tmp_path.glob("peer-*.jsonl")) == [
+        "peer-0.jsonl", "peer-2.jsonl", "peer-4.jsonl"]
+    last = [sim.records[w][-1] for w in (0, 2, 4)]
+    assert all(len(sim.records[w]) == 3 for w in (0, 2, 4)) and sim.records[3] == []
+    assert len({line["accuracy"] for line in last}) == 1  # sync ps: the same model
+    assert all(line["consensus"] is None for line in last)
+    assert last[0]["time"] < config.timeout  # no probe waited for the servers
+    assert "100%" in capsys.readouterr().err.split("\r")[-1]
+
+
+def test_simulate_with_every_worker_killed_is_one_error_not_a_crash(tmp_path):
+    """Both workers killed, the server finishes: the summary had no peer to show (min() of
+    an empty sequence); now the run fails in one line naming the first death."""
+    topo = tmp_path / "ps.yaml"
+    topo.write_text("size: 3\nservers: [0]\n")
+    result = CliRunner().invoke(main, [
+        "simulate", "--topology", str(topo), "--strategy", "ps", "--option", "mode=async",
+        "--rounds", "50", "--rate", "10mbit", "--kill", "1:0.05", "--kill", "2:0.05",
+        "--quiet", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 1, result.output
+    assert "every simulated peer that trains failed; the first: peer 1 died" in result.output
+    assert not isinstance(result.exception, ValueError)
