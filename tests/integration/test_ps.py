@@ -19,6 +19,7 @@ from gossip.sim import NetworkModel, Simulation, simulate_run
 from gossip.strategies import STRATEGIES
 from gossip.strategies.ps.shards import participants
 from gossip.topology import Topology
+from gossip.transport import Message
 from support import make_local_topology, peer_once_all_bound, run_in_threads
 
 TIMEOUT = 10.0
@@ -281,3 +282,70 @@ def test_simulate_with_every_worker_killed_is_one_error_not_a_crash(tmp_path):
     assert result.exit_code == 1, result.output
     assert "every simulated peer that trains failed; the first: peer 1 died" in result.output
     assert not isinstance(result.exception, ValueError)
+
+
+@pytest.mark.parametrize("servers", [[3], None])
+def test_a_sync_worker_that_stops_early_is_named_by_the_others(servers):
+    """Worker 4 trains 2 rounds, the others 4: their round 2 can never close. The server
+    heard worker 4's goodbye, so each other worker fails naming it (it waited its timeout
+    and blamed the server: "no answer from server(s) 3"); the servers end normally."""
+    topology = ps_topology(5, servers)
+    workers = topology.roles.workers if topology.roles else tuple(range(5))
+    outcome = {}
+    bound = threading.Barrier(5, timeout=TIMEOUT)
+
+    def main(rank: int) -> None:
+        try:
+            with peer_once_all_bound(rank, topology, "ps", bound, timeout=TIMEOUT,
+                                     dead_after=0.5) as peer:
+                if rank not in workers:
+                    peer.serve()
+                    outcome[rank] = "served"
+                    return
+                for r in range(2 if rank == 4 else 4):
+                    peer.synchronize(torch.full((7,), float(rank)), r)
+                outcome[rank] = "trained"
+        except PeerGone as exc:  # PeerTimeout, its base, would be the old blame
+            outcome[rank] = exc
+
+    run_in_threads(5, main, timeout=4 * TIMEOUT)
+    assert outcome[4] == "trained", outcome
+    for rank in set(workers) - {4}:
+        assert isinstance(outcome[rank], PeerGone) and outcome[rank].rank == 4, outcome
+        assert "worker 4 stopped after round 1" in str(outcome[rank]), outcome
+    if servers:
+        assert outcome[3] == "served", outcome
+
+
+def test_a_backup_covers_a_sync_worker_that_stops_early():
+    """backup 1: after worker 4's goodbye the steps close on workers 0 and 2, unrefused."""
+    topology = ps_topology(5, [3, 1])
+
+    def body(peer, rank):
+        return [peer.synchronize(torch.full((7,), float(rank)), r)
+                for r in range(2 if rank == 4 else 4)]
+
+    results = run_ps(topology, body, backup=1)
+    for rank in (0, 2):
+        assert all(torch.equal(x, torch.full((7,), 1.0)) for x in results[rank][2:]), results
+
+
+def test_a_refusal_from_a_peer_that_does_not_serve_is_rejected_and_training_goes_on():
+    """Worker 2 forges a refusal of round 1 to rank 0 (worker and server); rank 0 rejects
+    it and gets round 1's mean (it reads the forgery first: 2's push follows it on the link)."""
+    data = make_local_topology("complete", 3).to_dict()
+    data["peers"][0]["role"], data["peers"][1]["role"] = "both", "server"  # 2: a worker
+    topology = Topology.from_dict(data)
+
+    def body(peer, rank):
+        peer.synchronize(torch.zeros(5), 0)
+        if rank == 2:
+            peer.transport.send(0, Message(kind="ps", round=1,
+                                           meta={"op": "refuse", "worker": 2, "last": 0}))
+        x = peer.synchronize(torch.full((5,), float(rank)), 1)
+        return x, peer.stats["messages_rejected"]
+
+    results = run_ps(topology, body)
+    assert torch.equal(results[0][0], torch.full((5,), 1.0)), results
+    assert torch.equal(results[2][0], results[0][0])
+    assert results[0][1] == 1 and results[2][1] == 0, results
