@@ -170,7 +170,8 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
             with MetricsWriter(run_dir / f"peer-{rank}.jsonl") as metrics:
                 for line in lines:
                     metrics.write(line)
-    return SimResult(run_dir, records, stats, failed, sorted(simulation.kills),
+    killed = sorted(rank for rank, t in tasks.items() if t.killed)  # not those that ended first
+    return SimResult(run_dir, records, stats, failed, killed,
                      max((t.ended_at or 0.0 for t in tasks.values()), default=0.0),
                      time.perf_counter() - started,
                      world.scheduler.events,
