@@ -247,6 +247,9 @@ def test_a_dead_worker_stops_a_sync_server_by_name_or_is_covered_by_a_backup():
             assert torch.equal(outcome[2], outcome[1])
         else:
             assert isinstance(outcome[0], PeerGone) and "worker(s) 3" in str(outcome[0]), outcome
+            for rank in (1, 2):  # told by the server: they blamed the server's death
+                assert isinstance(outcome[rank], PeerGone) and outcome[rank].rank == 3, outcome
+                assert "worker 3 is dead" in str(outcome[rank]), outcome
 
 
 @pytest.mark.parametrize("probe", ["exchange", "oracle"])

@@ -74,7 +74,7 @@ class ShardServer:
         if len(pushes) >= self.needed(step):
             self._close(step)
         else:
-            self._refuse_stuck()
+            self.refuse_stuck()
 
     def delta(self, worker: int, clock: int, tensor: torch.Tensor) -> None:
         """An async/ssp worker's parameter delta, its ``clock``-th."""
@@ -91,7 +91,7 @@ class ShardServer:
         self.heard.add(worker)
         self.last_rounds.setdefault(worker, last_round)
         self._release()
-        self._refuse_stuck()
+        self.refuse_stuck()
 
     def stuck(self, gone: set[int]) -> tuple[int, list[int]] | None:
         """The first open step that can never close with the workers ``gone`` (those that
@@ -111,17 +111,20 @@ class ShardServer:
         return (f"step {step} needs {self.needed(step)} pushes and worker(s) "
                 f"{', '.join(map(str, missing))} are dead")
 
-    # -- internals -------------------------------------------------------------------------
-    def _refuse_stuck(self) -> None:
-        """Refuse the steps that workers who said goodbye leave unable to close, so that
-        the workers waiting for them fail naming who stopped instead of timing out."""
-        while (found := self.stuck(self.done)) is not None:
+    def refuse_stuck(self, lost: set[int] = frozenset()) -> None:
+        """Refuse the steps that the workers who said goodbye (or ``lost``, dead) leave
+        unable to close to every other worker, so that those waiting for them fail naming
+        who stopped instead of timing out and blaming this server."""
+        gone = self.done | lost
+        while (found := self.stuck(gone)) is not None:
             step, missing = found
             del self.steps[step]
             self.refused.add(step)
             for worker in self.workers:
-                if worker not in self.done:
+                if worker not in gone:
                     self.refuse(worker, step, missing[0], self.last_rounds.get(missing[0]))
+
+    # -- internals -------------------------------------------------------------------------
 
     def _close(self, step: int) -> None:
         pushes = self.steps.pop(step)

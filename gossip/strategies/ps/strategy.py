@@ -232,17 +232,20 @@ class ParameterServer(Strategy):
         sync step needs), PeerTimeout after ``timeout`` with nothing heard."""
         clock, limit = self.transport.clock, self.transport.timeout
         deadline = clock.monotonic() + limit
+        tag = self.options.tag
         while not done():
-            self._check_lost()
-            try:
-                msg = self.transport.recv(kind=self.options.tag,
-                                          timeout=max(min(POLL_S, deadline - clock.monotonic()),
-                                                      0.0))
+            try:  # what arrived comes first: a server's last words may say who stopped
+                msg = self.transport.recv(kind=tag, timeout=0)
             except PeerTimeout:
-                if clock.monotonic() >= deadline:
-                    raise PeerTimeout(f"rank {self.rank}: no {waiting()} within "
-                                      f"{limit:g} s") from None
-                continue
+                self._check_lost()
+                try:
+                    msg = self.transport.recv(
+                        kind=tag, timeout=max(min(POLL_S, deadline - clock.monotonic()), 0.0))
+                except PeerTimeout:
+                    if clock.monotonic() >= deadline:
+                        raise PeerTimeout(f"rank {self.rank}: no {waiting()} within "
+                                          f"{limit:g} s") from None
+                    continue
             deadline = clock.monotonic() + limit
             self._handle(msg)
 
@@ -265,6 +268,7 @@ class ParameterServer(Strategy):
             why = self.server.waiting_on(set(lost))
             if why is not None:
                 first = min(dead)
+                self.server.refuse_stuck(set(lost))  # the workers waiting name it too
                 raise PeerGone(f"rank {self.rank}: parameter server cannot finish: {why} "
                                f"({lost[first].reason}; option backup lets a step go on "
                                f"without late workers)", rank=first)
