@@ -164,11 +164,11 @@ class ParameterServer(Strategy):
 
     def _refused(self, msg: Message, round: int) -> PeerGone:
         stopped, last = msg.meta["worker"], msg.meta.get("last")
-        how = "is dead" if last is None else f"stopped after round {last} (it said goodbye)"
+        how = ("is dead (" if last is None else f"stopped after round {last} (it said "
+               f"goodbye; sync: every worker must synchronize the same rounds; ")
         return PeerGone(f"rank {self.rank}: round {round} can never complete: worker "
-                        f"{stopped} {how} and parameter server {msg.src} needs its push "
-                        f"(sync: every worker synchronizes the same rounds; option backup "
-                        f"lets a step go on without it)", rank=stopped)
+                        f"{stopped} {how}option backup lets a step go on without it); "
+                        f"parameter server {msg.src} refused it", rank=stopped)
 
     def _handle(self, msg: Message) -> None:
         op = msg.meta.get("op")
