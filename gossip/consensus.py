@@ -18,6 +18,12 @@ PROBE_TAG = "probe"  # the probe's message kinds start with "probe."
 log = logging.getLogger("gossip.training")  # part of the training's log, as it always was
 
 
+def some_rank_only_serves(topology) -> bool:
+    """Whether a rank of ``topology`` only serves (roles): it never joins a probe."""
+    roles = topology.roles  # O(1): the oracle probe asks every peer every probe
+    return roles is not None and len(roles.workers) < topology.size
+
+
 class ConsensusProbe:
     """Measures the peers' consensus with an exact-mean strategy added to ``peer``."""
 
@@ -29,10 +35,8 @@ class ConsensusProbe:
         """The consensus distance and the average model's test accuracy, or (None, None)
         when the probe cannot run: it is an all-reduce over every peer, so a lost peer (or a
         rejoin under way) ends it, and training goes on."""
-        roles = self.peer.topology.roles
-        if not self.peer.all_peers_can_meet(round) or (
-                roles is not None and len(roles.workers) < self.peer.topology.size) or (
-                not self.peer.strategy.synchronous):
+        if not self.peer.all_peers_can_meet(round) or some_rank_only_serves(
+                self.peer.topology) or not self.peer.strategy.synchronous:
             # A lost peer; ranks that only serve (they never probe); or no global round:
             # a peer in the probe would stop answering the others (an async server).
             return None, None

@@ -83,7 +83,8 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
                                        "--config", str(run_dir / "config.yaml"), *peer_args],
             wrap=cluster.command if cluster else None,
             spawn=zygote.spawn(cluster.namespace if cluster else None) if zygote else None)
-        with tqdm(total=config.rounds * len(procs), unit="round", desc=progress,
+        training = [rank for rank in placement.ranks if placement.topology.trains(rank)]
+        with tqdm(total=config.rounds * len(training), unit="round", desc=progress,
                   disable=progress is None) as bar:
             report = None if on_death is None else lambda death: _over(bar, on_death, death)
             deaths = launch.watch(procs, on_progress=lambda done: bar.update(done - bar.n),

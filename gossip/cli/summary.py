@@ -19,11 +19,15 @@ def run_summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
         if rank in died or not (run_dir / f"peer-{rank}.jsonl").exists():  # or a server only
             continue
         records = read_jsonl(run_dir / f"peer-{rank}.jsonl")
+        if not records:  # ended before its first round
+            continue
         last[rank] = records[-1]
         tail = [r["loss"] for r in records[-10:] if r["loss"] is not None] or [float("nan")]
         rows.append({"peer": rank, "loss": sum(tail) / len(tail),
                      "accuracy": records[-1]["accuracy"], "bytes sent": records[-1]["bytes_sent"],
                      "bytes recv": records[-1]["bytes_recv"], "seconds": records[-1]["time"]})
+    if not rows:  # e.g. every worker died and only a parameter server finished
+        return "\n".join(["no peer finished training"] + [d.describe() for d in deaths])
     table = format_table(rows, ["peer", "loss", "accuracy", "bytes sent", "bytes recv", "seconds"])
     final = last[min(last)]
     mean_acc = sum(r["accuracy"] for r in rows) / len(rows)

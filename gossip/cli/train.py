@@ -197,7 +197,7 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
                    f"{checkpoint.load(checkpoint_path, rank=rank)['round']}")
     if (resume or meeting.restarted) and metrics_path.exists():  # rewritten up to the round
         history = read_jsonl(metrics_path)                        # this peer rejoins at
-    if topology.roles is not None and rank not in topology.roles.workers:
+    if not topology.trains(rank):
         # A server only (topology roles): no training, no metrics; the serve loop.
         with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
                   dead_after=config.dead_after, rendezvous=meeting.rendezvous,

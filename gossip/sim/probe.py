@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from gossip.consensus import some_rank_only_serves
 from gossip.tasks import evaluate
 
 
@@ -53,7 +54,8 @@ class OracleProbe:
 
     @torch.no_grad()
     def measure(self, model: torch.nn.Module, round: int) -> tuple[float | None, float | None]:
-        if not self.peer.all_peers_can_meet(round) or self.meetings.world.ended_at:
+        if not self.peer.all_peers_can_meet(round) or self.meetings.world.ended_at or \
+                some_rank_only_serves(self.peer.topology):  # it would never meet
             return None, None
         params = list(model.parameters())
         own = parameters_to_vector(params).clone()

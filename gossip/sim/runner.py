@@ -149,7 +149,8 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
     world = SimWorld(size, network=simulation.network, compute=simulation.compute,
                      threads=peer_threads())
     records: dict[int, list[dict]] = {rank: [] for rank in range(size)}
-    bar = tqdm(total=config.rounds * size, unit="round", desc=progress,
+    training = [rank for rank in range(size) if topology.trains(rank)]
+    bar = tqdm(total=config.rounds * len(training), unit="round", desc=progress,
                disable=progress is None)
     started = time.perf_counter()
 
@@ -175,11 +176,13 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
     for rank, reason in failed.items():
         log.warning("simulated peer %d failed: %s", rank, reason)
     if write:
-        for rank, lines in records.items():
+        for rank in training:  # as `gossip launch`: a rank that only serves writes none
+            lines = records[rank]
             with MetricsWriter(run_dir / f"peer-{rank}.jsonl") as metrics:
                 for line in lines:
                     metrics.write(line)
-    return SimResult(run_dir, records, stats, failed, sorted(simulation.kills),
+    killed = sorted(rank for rank, t in tasks.items() if t.killed)  # not those that ended first
+    return SimResult(run_dir, records, stats, failed, killed,
                      max((t.ended_at or 0.0 for t in tasks.values()), default=0.0),
                      time.perf_counter() - started,
                      world.scheduler.events,
@@ -202,6 +205,11 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
     """What `gossip peer` runs (cli/train.py), on a simulated transport."""
     def run() -> dict:
         transport = world.transport(rank, timeout=config.timeout, dead_after=config.dead_after)
+        if not topology.trains(rank):  # a server only (topology roles): the serve loop
+            with Peer(rank, topology, config.strategy, transport=transport,
+                      **config.options) as node:
+                node.serve()
+            return {}
         with Peer(rank, topology, config.strategy, transport=transport,
                   send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
                   **config.options) as node:

@@ -13,6 +13,7 @@ Wrappers nest their inner strategy's options (``NonBlockingOptions.inner_options
 
 from __future__ import annotations
 
+import math
 import numbers
 import types
 import typing
@@ -90,6 +91,11 @@ def in_unit_interval(value: float) -> str | None:
 
 def at_least(low: float) -> Check:
     return lambda value: None if value >= low else f"must be >= {low:g}"
+
+
+def positive(value: float) -> str | None:
+    """(0, inf): NaN, infinities, zero and negatives are refused."""
+    return None if 0 < value < math.inf else "must be a positive finite number"
 
 
 # -- type coercion from annotations -----------------------------------------------------------

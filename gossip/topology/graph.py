@@ -109,6 +109,11 @@ class Topology:
         """Parameter-server roles, if the topology gives any."""
         return self._roles
 
+    def trains(self, rank: int) -> bool:
+        """Whether ``rank`` trains: every rank does unless the roles make it a server only
+        (it then runs ``Peer.serve`` and writes no records)."""
+        return self._roles is None or rank in self._roles.workers
+
     @property
     def keyed(self) -> bool:
         """Whether peers authenticate and encrypt with CURVE (every peer has a public key)."""

@@ -246,7 +246,8 @@ def _explicit_edges(edges: Any, size: int) -> nx.Graph:
 
 
 def to_dict(topology) -> dict[str, Any]:
-    """Explicit form: name (if any), one mapping per peer, and the edge list."""
+    """Explicit form: name (if any), one mapping per peer, the roles (if any: a ``servers``
+    list in shard order, or a role per peer), and the edge list."""
     data: dict[str, Any] = {}
     if topology.name is not None:
         data["name"] = topology.name
@@ -254,7 +255,7 @@ def to_dict(topology) -> dict[str, Any]:
     # the written file still finds its secret key there.
     explicit_keys = topology.keyed and topology.key_dir is None
     given = getattr(topology, "roles", None)
-    role = {} if given is None else roles.to_dict(given, topology.size)
+    servers, role = (None, {}) if given is None else roles.to_fields(given, topology.size)
     data["peers"] = [
         {"rank": peer.rank, "host": peer.host, "port": peer.port,
          **({"public_key": peer.public_key} if explicit_keys else {}),
@@ -263,6 +264,8 @@ def to_dict(topology) -> dict[str, Any]:
     ]
     if topology.key_dir is not None:
         data["keys"] = str(topology.key_dir)
+    if servers is not None:
+        data["servers"] = servers
     data["edges"] = [[a, b] for a, b in topology.edges()]
     return data
 

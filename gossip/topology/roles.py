@@ -1,8 +1,9 @@
 """Parameter-server roles in a topology: which ranks train (workers) and which serve a
 shard of the model (servers); a rank may be both.
 
-A file gives them as ``servers: [0, ...]`` (those ranks serve and do not train) or as a
-``role`` per explicit peer (``worker``, ``server`` or ``both``). Without a ``graph`` or
+A file gives them as ``servers: [0, ...]`` (those ranks serve and do not train; shard k
+lives on the k-th listed, in the file's order) or as a ``role`` per explicit peer
+(``worker``, ``server`` or ``both``; shards in rank order). Without a ``graph`` or
 ``edges`` the graph is implied: every worker linked to every server.
 """
 
@@ -21,7 +22,8 @@ ROLES = ("worker", "server", "both")
 
 @dataclass(frozen=True)
 class Roles:
-    """Ranks by role, each tuple in rank order; shard k lives on ``servers[k]``."""
+    """Ranks by role: shard k lives on ``servers[k]`` (the order a ``servers:`` list gives,
+    else rank order); workers in rank order."""
 
     servers: tuple[int, ...]
     workers: tuple[int, ...]
@@ -94,9 +96,22 @@ def check_graph(roles: Roles, graph: nx.Graph, field: str) -> None:
                                     f"worker pushes to and pulls from every server)")
 
 
-def to_dict(roles: Roles, size: int) -> dict[str, Any]:
-    """The per-rank roles of ``roles`` (``{rank: role}``) for writing a file back."""
-    return {rank: roles.role(rank) for rank in range(size)}
+def to_fields(roles: Roles, size: int) -> tuple[list[int] | None, dict[int, str]]:
+    """How a file says ``roles``: a ``servers:`` list (in shard order) when no rank both
+    trains and serves, else a role per rank (``{rank: role}``), whose shards are in rank
+    order.
+
+    Raises:
+        TopologyError: a rank trains and serves and the servers are not in rank order (no
+            file form keeps that shard order).
+    """
+    if set(roles.workers) == set(range(size)) - set(roles.servers):
+        return list(roles.servers), {}
+    if list(roles.servers) != sorted(roles.servers):
+        raise TopologyError(f"roles: servers {list(roles.servers)} are not in rank order and "
+                            f"a rank both trains and serves: a file cannot keep that shard "
+                            f"order (per-peer roles serve shards in rank order)")
+    return None, {rank: roles.role(rank) for rank in range(size)}
 
 
 def _servers(value: Any, size: int) -> tuple[int, ...]:
@@ -114,4 +129,4 @@ def _servers(value: Any, size: int) -> tuple[int, ...]:
         if rank in seen:
             raise TopologyError(f"servers[{index}]: rank {rank} is listed twice")
         seen.append(rank)
-    return tuple(sorted(seen))
+    return tuple(seen)  # the user's order: shard k lives on servers[k]

@@ -10,10 +10,16 @@ import time
 
 import pytest
 import torch
+from click.testing import CliRunner
 
-from gossip.errors import PeerGone
+from gossip.cli import main
+from gossip.config import TrainConfig
+from gossip.errors import ConfigError, PeerGone
+from gossip.sim import NetworkModel, Simulation, simulate_run
+from gossip.strategies import STRATEGIES
 from gossip.strategies.ps.shards import participants
 from gossip.topology import Topology
+from gossip.transport import Message
 from support import make_local_topology, peer_once_all_bound, run_in_threads
 
 TIMEOUT = 10.0
@@ -44,6 +50,14 @@ def run_ps(topology: Topology, body, **options) -> list:
             return body(peer, rank)
 
     return run_in_threads(topology.size, main, timeout=4 * TIMEOUT)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), -1, 0, float("inf")])
+def test_scale_must_be_a_positive_finite_number(scale):
+    """Refused at start: with NaN every reply was rejected as non-finite, then a timeout."""
+    with pytest.raises(ConfigError, match="^scale must be a positive finite number, got"):
+        STRATEGIES.options("ps", {"mode": "async", "scale": scale})
+    assert STRATEGIES.options("ps", {"mode": "async", "scale": 0.5}).scale == 0.5
 
 
 @pytest.mark.parametrize("size, servers", [(5, None), (4, [0]), (5, [1, 3])])
@@ -125,6 +139,16 @@ def test_async_unit_deltas_count_every_push():
     results = run_ps(topology, body, mode="async", scale=1.0)
     model = torch.cat([results[0].server.model, results[1].server.model])
     assert model.tolist() == [0, 0, 4, 6, 5]
+
+
+def test_shard_k_lives_on_the_kth_server_listed():
+    """servers: [3, 1]: the first shard of the vector on rank 3, the second on rank 1."""
+    topology = ps_topology(5, [3, 1])
+    x = torch.arange(7, dtype=torch.float64)
+    results = run_ps(topology, lambda peer, rank: peer.synchronize(x.clone(), 0), mode="async")
+    assert all(torch.equal(results[w], x) for w in (0, 2, 4))
+    assert results[3].server.model.tolist() == [0, 1, 2]  # bounds(7, 2): [0, 3), [3, 7)
+    assert results[1].server.model.tolist() == [3, 4, 5, 6]
 
 
 def test_ssp_pulls_are_never_more_than_s_clocks_stale():
@@ -223,3 +247,108 @@ def test_a_dead_worker_stops_a_sync_server_by_name_or_is_covered_by_a_backup():
             assert torch.equal(outcome[2], outcome[1])
         else:
             assert isinstance(outcome[0], PeerGone) and "worker(s) 3" in str(outcome[0]), outcome
+            for rank in (1, 2):  # told by the server: they blamed the server's death
+                assert isinstance(outcome[rank], PeerGone) and outcome[rank].rank == 3, outcome
+                assert "worker 3 is dead" in str(outcome[rank]), outcome
+
+
+@pytest.mark.parametrize("probe", ["exchange", "oracle"])
+def test_a_simulated_run_serves_on_ranks_that_only_serve(tmp_path, probe, capsys):
+    """`gossip simulate` with roles: ranks 3 and 1 serve (they wrote no records and the bar
+    counted no rounds of theirs), the workers train with one model; the consensus probe,
+    which servers never join, is skipped with either probe (not waited for in vain)."""
+    topology = Topology.from_dict({"size": 5, "servers": [3, 1]})
+    config = TrainConfig.from_dict({"strategy": "ps", "rounds": 3, "batch_size": 16,
+                                    "eval_every": 1, "seed": 3})
+    sim = simulate_run(config, topology, tmp_path, Simulation(
+        network=NetworkModel(rate="100mbit"), probe=probe), progress="ps")
+    assert sim.failed == {}
+    assert sorted(p.name for p in tmp_path.glob("peer-*.jsonl")) == [
+        "peer-0.jsonl", "peer-2.jsonl", "peer-4.jsonl"]
+    last = [sim.records[w][-1] for w in (0, 2, 4)]
+    assert all(len(sim.records[w]) == 3 for w in (0, 2, 4)) and sim.records[3] == []
+    assert len({line["accuracy"] for line in last}) == 1  # sync ps: the same model
+    assert all(line["consensus"] is None for line in last)
+    assert last[0]["time"] < config.timeout  # no probe waited for the servers
+    assert "100%" in capsys.readouterr().err.split("\r")[-1]
+
+
+def test_simulate_with_every_worker_killed_is_one_error_not_a_crash(tmp_path):
+    """Both workers killed, the server finishes: the summary had no peer to show (min() of
+    an empty sequence); now the run fails in one line naming the first death."""
+    topo = tmp_path / "ps.yaml"
+    topo.write_text("size: 3\nservers: [0]\n")
+    result = CliRunner().invoke(main, [
+        "simulate", "--topology", str(topo), "--strategy", "ps", "--option", "mode=async",
+        "--rounds", "50", "--rate", "10mbit", "--kill", "1:0.05", "--kill", "2:0.05",
+        "--quiet", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 1, result.output
+    assert "every simulated peer that trains died; the first: peer 1 died" in result.output
+    assert not isinstance(result.exception, ValueError)
+
+
+@pytest.mark.parametrize("servers", [[3], None])
+def test_a_sync_worker_that_stops_early_is_named_by_the_others(servers):
+    """Worker 4 trains 2 rounds, the others 4: their round 2 can never close. The server
+    heard worker 4's goodbye, so each other worker fails naming it (it waited its timeout
+    and blamed the server: "no answer from server(s) 3"); the servers end normally."""
+    topology = ps_topology(5, servers)
+    workers = topology.roles.workers if topology.roles else tuple(range(5))
+    outcome = {}
+    bound = threading.Barrier(5, timeout=TIMEOUT)
+
+    def main(rank: int) -> None:
+        try:
+            with peer_once_all_bound(rank, topology, "ps", bound, timeout=TIMEOUT,
+                                     dead_after=0.5) as peer:
+                if rank not in workers:
+                    peer.serve()
+                    outcome[rank] = "served"
+                    return
+                for r in range(2 if rank == 4 else 4):
+                    peer.synchronize(torch.full((7,), float(rank)), r)
+                outcome[rank] = "trained"
+        except PeerGone as exc:  # PeerTimeout, its base, would be the old blame
+            outcome[rank] = exc
+
+    run_in_threads(5, main, timeout=4 * TIMEOUT)
+    assert outcome[4] == "trained", outcome
+    for rank in set(workers) - {4}:
+        assert isinstance(outcome[rank], PeerGone) and outcome[rank].rank == 4, outcome
+        assert "worker 4 stopped after round 1" in str(outcome[rank]), outcome
+    if servers:
+        assert outcome[3] == "served", outcome
+
+
+def test_a_backup_covers_a_sync_worker_that_stops_early():
+    """backup 1: after worker 4's goodbye the steps close on workers 0 and 2, unrefused."""
+    topology = ps_topology(5, [3, 1])
+
+    def body(peer, rank):
+        return [peer.synchronize(torch.full((7,), float(rank)), r)
+                for r in range(2 if rank == 4 else 4)]
+
+    results = run_ps(topology, body, backup=1)
+    for rank in (0, 2):
+        assert all(torch.equal(x, torch.full((7,), 1.0)) for x in results[rank][2:]), results
+
+
+def test_a_refusal_from_a_peer_that_does_not_serve_is_rejected_and_training_goes_on():
+    """Worker 2 forges a refusal of round 1 to rank 0 (worker and server); rank 0 rejects
+    it and gets round 1's mean (it reads the forgery first: 2's push follows it on the link)."""
+    data = make_local_topology("complete", 3).to_dict()
+    data["peers"][0]["role"], data["peers"][1]["role"] = "both", "server"  # 2: a worker
+    topology = Topology.from_dict(data)
+
+    def body(peer, rank):
+        peer.synchronize(torch.zeros(5), 0)
+        if rank == 2:
+            peer.transport.send(0, Message(kind="ps", round=1,
+                                           meta={"op": "refuse", "worker": 2, "last": 0}))
+        x = peer.synchronize(torch.full((5,), float(rank)), 1)
+        return x, peer.stats["messages_rejected"]
+
+    results = run_ps(topology, body)
+    assert torch.equal(results[0][0], torch.full((5,), 1.0)), results
+    assert torch.equal(results[2][0], results[0][0])
+    assert results[0][1] == 1 and results[2][1] == 0, results

@@ -7,6 +7,7 @@ import pytest
 
 from gossip.errors import TopologyError
 from gossip.topology import Topology
+from gossip.topology.roles import Roles
 
 
 def peers(*roles):
@@ -18,7 +19,27 @@ def test_servers_imply_a_graph_linking_every_worker_to_every_server():
     topology = Topology.from_dict({"size": 4, "servers": [0, 2]})
     assert topology.roles.servers == (0, 2) and topology.roles.workers == (1, 3)
     assert topology.edges() == [(0, 1), (0, 3), (1, 2), (2, 3)]
-    assert Topology.from_dict(topology.to_dict()) == topology  # written back per peer
+    assert Topology.from_dict(topology.to_dict()) == topology
+
+
+def test_servers_keep_the_order_given_shard_k_on_the_kth_listed(tmp_path):
+    """The README's promise: shard k lives on servers[k] as the user listed them, also in
+    the topology.yaml a launch writes and its peers read back."""
+    topology = Topology.from_dict({"size": 5, "servers": [3, 0, 1]})
+    assert topology.roles.servers == (3, 0, 1) and topology.roles.workers == (2, 4)
+    topology.to_yaml(tmp_path / "topology.yaml")
+    again = Topology.from_yaml(tmp_path / "topology.yaml")
+    assert again.roles == topology.roles and again.edges() == topology.edges()
+
+
+def test_per_peer_roles_that_a_file_cannot_order_are_refused_when_written():
+    """A rank that trains and serves needs per-peer roles, whose shards are in rank order."""
+    topology = Topology.from_dict({"size": 3, "graph": {"kind": "complete"}})
+    mixed = Topology(topology.graph, topology.peers, roles=Roles((2, 0), (0, 1)))
+    with pytest.raises(TopologyError, match=r"roles: servers \[2, 0\] are not in rank order"):
+        mixed.to_dict()
+    ordered = Topology(topology.graph, topology.peers, roles=Roles((0, 2), (0, 1)))
+    assert Topology.from_dict(ordered.to_dict()).roles == ordered.roles
 
 
 def test_per_peer_roles_let_a_rank_train_and_serve():

@@ -234,3 +234,24 @@ def test_an_experiment_of_sizes_only_runs_ends_with_where_their_times_are(tmp_pa
     assert cli.exit_code == 0, cli.output
     assert f"gossip sim-scaling {out}" in cli.output
     assert (out / "ring-3" / "sizes.json").exists()
+
+
+def test_the_progress_bar_counts_only_ranks_that_train(tmp_path, peers, monkeypatch, capsys):
+    """Servers only (topology roles) run no rounds: with every worker done the bar is full."""
+    data = topology(5).to_dict()
+    del data["edges"]  # implied: every worker linked to every server
+    roles = Topology.from_dict({**data, "servers": [3, 1]})
+    monkeypatch.setattr(launch, "watch", lambda procs, on_progress, on_death=None:
+                        on_progress(CONFIG.rounds * 3) or [])
+    launch_run(CONFIG, roles, tmp_path, progress="ps", on_death=lambda death: None)
+    assert "100%" in capsys.readouterr().err.split("\r")[-1]
+
+
+def test_the_summary_of_a_run_where_no_peer_finished_training_names_the_deaths(tmp_path):
+    """Every worker died and the parameter server finished: no table, the deaths."""
+    from gossip.cli.summary import run_summary
+
+    deaths = [launch.Death(rank=r, code=-9, rounds=2, last_line="") for r in (1, 2)]
+    summary = run_summary(tmp_path, [0, 1, 2], deaths)
+    assert summary.splitlines() == ["no peer finished training", deaths[0].describe(),
+                                    deaths[1].describe()]

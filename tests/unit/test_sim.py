@@ -107,6 +107,17 @@ def test_a_fifo_uplink_is_not_held_up_by_a_busy_downlink():
     assert times == pytest.approx({"0->2": 1.0, "1->2": 2.0, "1->0": 2.0})
 
 
+def test_a_kill_after_the_peer_ended_is_no_death():
+    """--kill 1:0.3 in a run that ends sooner: peer 1 finished, and is not reported as
+    killed (it was, and left out of the summary's table)."""
+    config = TrainConfig.from_dict({"strategy": "ring-allreduce", "rounds": 2,
+                                    "batch_size": 8, "seed": 3})
+    run = simulate_run(config, Topology.generate("ring", 3), "unused",
+                       Simulation(kills={1: 1000.0}), write=False)
+    assert run.virtual_s < 1000.0 and run.killed == [] and run.failed == {}
+    assert len(run.records[1]) == 2
+
+
 @pytest.mark.slow
 def test_same_seed_same_run():
     config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 2, "batch_size": 8,

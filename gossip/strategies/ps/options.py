@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gossip.errors import ConfigError
-from gossip.strategies.options import Options, at_least, in_unit_interval, option
+from gossip.strategies.options import Options, at_least, in_unit_interval, option, positive
 
 MODES = ("sync", "async", "ssp")
 
@@ -28,7 +28,8 @@ class PSOptions(Options):
     staleness: int = option(2, "ssp: a pull at clock c waits until every worker has pushed "
                                "c - staleness times", check=at_least(0))
     scale: float | None = option(None, "async/ssp: factor on each pushed delta (default 1/W: "
-                                       "W pushes move the model as far as one sync step)")
+                                       "W pushes move the model as far as one sync step)",
+                                check=positive)
     seed: int = option(0, "seed of the participation draws")
     tag: str = option("ps", "message kind, distinct per instance on one transport")
 

@@ -15,6 +15,9 @@ from gossip.strategies.ps.options import PSOptions
 from gossip.strategies.ps.shards import participants
 
 Reply = Callable[[int, dict, torch.Tensor], None]
+# refuse(worker, step, stopped, last): ``step`` will never close, as worker ``stopped`` said
+# goodbye after its round ``last`` (or died: None) without pushing it.
+Refuse = Callable[[int, int, int, "int | None"], None]
 INIT_STEP = -1  # async/ssp: the first push of every worker, averaged like a sync step
 
 
@@ -26,10 +29,13 @@ class ShardServer:
     a closed step are dropped. Async: a delta is added at once, scaled by ``scale`` (1/W by
     default), and the current shard is the answer. SSP: as async, but the answer to a push
     of clock c waits until every worker still training has pushed c - staleness times.
+    A step that can no longer close because a worker it needs said goodbye without
+    pushing it is refused to every worker still training (``refuse``), naming that worker.
     """
 
-    def __init__(self, workers: tuple[int, ...], options: PSOptions, reply: Reply):
-        self.workers, self.options, self.reply = workers, options, reply
+    def __init__(self, workers: tuple[int, ...], options: PSOptions, reply: Reply,
+                 refuse: Refuse):
+        self.workers, self.options, self.reply, self.refuse = workers, options, reply, refuse
         self.scale = options.scale if options.scale is not None else 1.0 / len(workers)
         self.steps: dict[int, dict[int, torch.Tensor]] = {}  # step -> pushes, arrival order
         # Steps close in order (a worker pushes step r + 1 only after step r's mean), so
@@ -39,6 +45,8 @@ class ShardServer:
         self.clocks = {w: 0 for w in workers}  # async/ssp: deltas applied per worker
         self.deferred: list[tuple[int, int]] = []  # ssp: (worker, clock) waiting to pull
         self.done: set[int] = set()
+        self.last_rounds: dict[int, int | None] = {}  # worker -> its last round (goodbye)
+        self.refused: set[int] = set()  # steps that can never close
         self.heard: set[int] = set()  # workers that pushed or said goodbye
         self.late_pushes = 0  # sync with backup: pushes of steps already closed
 
@@ -56,6 +64,8 @@ class ShardServer:
     def push(self, worker: int, step: int, tensor: torch.Tensor) -> None:
         """A sync push (or an async worker's first, ``INIT_STEP``)."""
         self.heard.add(worker)
+        if step in self.refused:  # the worker has the refusal already
+            return
         if step <= self.closed_through and step not in self.steps:
             self.late_pushes += 1
             return
@@ -63,6 +73,8 @@ class ShardServer:
         pushes[worker] = tensor
         if len(pushes) >= self.needed(step):
             self._close(step)
+        else:
+            self.refuse_stuck()
 
     def delta(self, worker: int, clock: int, tensor: torch.Tensor) -> None:
         """An async/ssp worker's parameter delta, its ``clock``-th."""
@@ -72,24 +84,48 @@ class ShardServer:
         self.deferred.append((worker, clock))
         self._release()
 
-    def goodbye(self, worker: int) -> None:
-        """``worker`` trains no more (it said so, or it died): it no longer holds back
-        ssp pulls."""
+    def goodbye(self, worker: int, last_round: int | None = None) -> None:
+        """``worker`` trains no more: it said so after its round ``last_round``, or it died
+        (None). It no longer holds back ssp pulls; a step it was needed in is refused."""
         self.done.add(worker)
         self.heard.add(worker)
+        self.last_rounds.setdefault(worker, last_round)
         self._release()
+        self.refuse_stuck()
+
+    def stuck(self, gone: set[int]) -> tuple[int, list[int]] | None:
+        """The first open step that can never close with the workers ``gone`` (those that
+        have not pushed it), and those workers; None if every step still can."""
+        for step, pushes in sorted(self.steps.items()):
+            missing = sorted(w for w in self.expected(step) if w in gone and w not in pushes)
+            if len(self.expected(step)) - len(missing) < self.needed(step):
+                return step, missing
+        return None
 
     def waiting_on(self, lost: set[int]) -> str | None:
         """Why a sync step can never close with ``lost`` workers gone, or None."""
-        for step, pushes in sorted(self.steps.items()):
-            alive = [w for w in self.expected(step) if w not in lost]
-            if len(alive) < self.needed(step):
-                gone = sorted(w for w in self.expected(step) if w in lost and w not in pushes)
-                return (f"step {step} needs {self.needed(step)} pushes and worker(s) "
-                        f"{', '.join(map(str, gone))} are dead")
-        return None
+        found = self.stuck(lost)
+        if found is None:
+            return None
+        step, missing = found
+        return (f"step {step} needs {self.needed(step)} pushes and worker(s) "
+                f"{', '.join(map(str, missing))} are dead")
+
+    def refuse_stuck(self, lost: set[int] = frozenset()) -> None:
+        """Refuse the steps that the workers who said goodbye (or ``lost``, dead) leave
+        unable to close to every other worker, so that those waiting for them fail naming
+        who stopped instead of timing out and blaming this server."""
+        gone = self.done | lost
+        while (found := self.stuck(gone)) is not None:
+            step, missing = found
+            del self.steps[step]
+            self.refused.add(step)
+            for worker in self.workers:
+                if worker not in gone:
+                    self.refuse(worker, step, missing[0], self.last_rounds.get(missing[0]))
 
     # -- internals -------------------------------------------------------------------------
+
     def _close(self, step: int) -> None:
         pushes = self.steps.pop(step)
         used = sorted(list(pushes)[:self.needed(step)])  # the first arrivals, summed by rank

@@ -4,7 +4,7 @@ Shard k of the flat vector (``bounds``) lives on ``servers[k]``. A rank that ser
 its shard's ``ShardServer`` whenever it waits (inside ``synchronize``, between
 mini-batches through ``stop_requested``, and in ``serve`` after its own rounds), so a rank
 may be worker and server at once on the one transport thread. Everything is one message
-kind; ``meta["op"]`` says push, init, delta, pull or done.
+kind; ``meta["op"]`` says push, init, delta, pull, refuse or done.
 
 * sync (``operates_on = "grads"``): every worker pushes its gradient's shards, each server
   sums them in rank order and replies the mean to every worker: the same bits everywhere.
@@ -13,7 +13,10 @@ kind; ``meta["op"]`` says push, init, delta, pull or done.
   (default 1/W) on the server, and pull the server's current parameters.
 
 A dead worker: sync stops with PeerGone naming it (unless ``backup`` covers it); async and
-ssp drop it. A dead server: every worker stops with PeerGone naming it (its shard is lost).
+ssp drop it. A worker that said goodbye while the others still synchronize (it ran fewer
+rounds): each server refuses the steps it leaves unable to close, and the workers waiting
+for them stop with PeerGone naming it. A dead server: every worker stops with PeerGone
+naming it (its shard is lost).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from gossip.transport import Message
 
 log = logging.getLogger("gossip.ps")
 POLL_S = 0.2  # how often a wait looks at the peers known lost
-OPS = ("push", "init", "delta", "pull", "done")
+OPS = ("push", "init", "delta", "pull", "refuse", "done")
 
 
 class ParameterServer(Strategy):
@@ -48,9 +51,10 @@ class ParameterServer(Strategy):
         self.servers, self.workers = roles.servers, roles.workers
         check_backup(self.options.backup, self.workers)
         self.trains = rank in self.workers
-        self.server = (ShardServer(self.workers, self.options, self._reply)
+        self.server = (ShardServer(self.workers, self.options, self._reply, self._refuse)
                        if rank in self.servers else None)
         self.pulls: dict[tuple[int, int], Message] = {}  # (step, shard) -> an answer
+        self.refusals: dict[int, Message] = {}  # step -> a server's refusal of it
         self.clock = 0  # async/ssp: deltas pushed
         self.last: torch.Tensor | None = None  # async/ssp: the parameters last pulled
         self.pulled_clocks: list[tuple[int, int]] = []  # (own clock, slowest) per pull
@@ -94,8 +98,10 @@ class ParameterServer(Strategy):
                 sent.append(self._send(self.servers[k], push, step, payload[lo:hi],
                                        n=flat.numel(), clock=self.clock))
         wanted = [(step, k) for k in range(len(self.servers))]
-        self._pump(lambda: all(key in self.pulls for key in wanted),
+        self._pump(lambda: step in self.refusals or all(key in self.pulls for key in wanted),
                    lambda: f"answer from server(s) {self._silent(wanted)} for round {round}")
+        if step in self.refusals:
+            raise self._refused(self.refusals[step], round)
         answers = [self.pulls.pop(key) for key in wanted]
         for delivery in sent:  # our pushes were read zero-copy: wait before x may change
             if delivery is not None:
@@ -152,6 +158,18 @@ class ParameterServer(Strategy):
         shard = self.servers.index(self.rank)
         self._send(worker, "pull", meta["step"], tensor, shard=shard, **meta)
 
+    def _refuse(self, worker: int, step: int, stopped: int, last: int | None) -> None:
+        self._send(worker, "refuse", step, None, worker=stopped,
+                   **({} if last is None else {"last": last}))
+
+    def _refused(self, msg: Message, round: int) -> PeerGone:
+        stopped, last = msg.meta["worker"], msg.meta.get("last")
+        how = ("is dead (" if last is None else f"stopped after round {last} (it said "
+               f"goodbye; sync: every worker must synchronize the same rounds; ")
+        return PeerGone(f"rank {self.rank}: round {round} can never complete: worker "
+                        f"{stopped} {how}option backup lets a step go on without it); "
+                        f"parameter server {msg.src} refused it", rank=stopped)
+
     def _handle(self, msg: Message) -> None:
         op = msg.meta.get("op")
         if op not in OPS:
@@ -164,12 +182,21 @@ class ParameterServer(Strategy):
             # Keyed by step: a late worker (backup) may hold answers of two steps at once.
             self.pulls[(msg.round, self.servers.index(msg.src))] = msg
             return
+        if op == "refuse":
+            stopped, last = msg.meta.get("worker"), msg.meta.get("last", 0)
+            if msg.src not in self.servers or not self.trains or stopped not in self.workers \
+                    or not isinstance(last, int):
+                self.transport.reject(f"{msg.kind} refuse from peer {msg.src}: not a server, "
+                                      f"or no worker named")
+                return
+            self.refusals.setdefault(msg.round, msg)
+            return
         if self.server is None or msg.src not in self.workers:
             self.transport.reject(f"{msg.kind} {op} from peer {msg.src}: not a worker of a "
                                   f"shard served here")
             return
         if op == "done":
-            self.server.goodbye(msg.src)
+            self.server.goodbye(msg.src, msg.round)
             return
         n = msg.meta.get("n")
         if not isinstance(n, int) or n < 0:
@@ -205,17 +232,20 @@ class ParameterServer(Strategy):
         sync step needs), PeerTimeout after ``timeout`` with nothing heard."""
         clock, limit = self.transport.clock, self.transport.timeout
         deadline = clock.monotonic() + limit
+        tag = self.options.tag
         while not done():
-            self._check_lost()
-            try:
-                msg = self.transport.recv(kind=self.options.tag,
-                                          timeout=max(min(POLL_S, deadline - clock.monotonic()),
-                                                      0.0))
+            try:  # what arrived comes first: a server's last words may say who stopped
+                msg = self.transport.recv(kind=tag, timeout=0)
             except PeerTimeout:
-                if clock.monotonic() >= deadline:
-                    raise PeerTimeout(f"rank {self.rank}: no {waiting()} within "
-                                      f"{limit:g} s") from None
-                continue
+                self._check_lost()
+                try:
+                    msg = self.transport.recv(
+                        kind=tag, timeout=max(min(POLL_S, deadline - clock.monotonic()), 0.0))
+                except PeerTimeout:
+                    if clock.monotonic() >= deadline:
+                        raise PeerTimeout(f"rank {self.rank}: no {waiting()} within "
+                                          f"{limit:g} s") from None
+                    continue
             deadline = clock.monotonic() + limit
             self._handle(msg)
 
@@ -223,8 +253,8 @@ class ParameterServer(Strategy):
         lost = self.transport.membership.lost
         if not lost:
             return
-        for server in self.servers:
-            if server in lost and self.trains and server != self.rank:
+        for server in self.servers:  # a worker that said goodbye needs them no more
+            if server in lost and self.trains and not self.served and server != self.rank:
                 raise PeerGone(f"rank {self.rank}: parameter server {server} "
                                f"({self.transport.describe(server)}) is dead "
                                f"({lost[server].reason}): shard "
@@ -238,6 +268,7 @@ class ParameterServer(Strategy):
             why = self.server.waiting_on(set(lost))
             if why is not None:
                 first = min(dead)
+                self.server.refuse_stuck(set(lost))  # the workers waiting name it too
                 raise PeerGone(f"rank {self.rank}: parameter server cannot finish: {why} "
                                f"({lost[first].reason}; option backup lets a step go on "
                                f"without late workers)", rank=first)
