@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from datetime import timedelta
 
@@ -101,16 +102,50 @@ def test_contacts_round_trip_and_malformed_ones_name_the_rank():
 
 
 def test_an_unreachable_store_is_one_line_within_the_timeout():
-    port = free_ports(1)[0]
+    """It fails once the timeout it names is over, not at c10d's next connect backoff
+    (which came at 2-2.5 times the timeout)."""
+    port, timeout = free_ports(1)[0], 5.0
     rendezvous = Rendezvous.parse(f"tcp://127.0.0.1:{port}?world_size=2", environ={},
-                                  timeout=1.0)
+                                  timeout=timeout)
     start = time.monotonic()
     with pytest.raises(RendezvousError) as info:
         rendezvous.store(1, 2)
-    assert time.monotonic() - start < 10
+    assert 0.9 * timeout <= time.monotonic() - start < timeout + 1.5  # c10d's: 8 to 13 s
     message = str(info.value)
-    assert f"store tcp://127.0.0.1:{port} not reachable within 1 s" in message
+    assert f"store tcp://127.0.0.1:{port} not reachable within 5 s" in message
     assert "\n" not in message
+
+
+def test_a_store_that_comes_up_late_is_reached():
+    """The wait for an unreachable store is a wait: a server that starts a moment later is
+    reached, and the store works."""
+    port = free_ports(1)[0]
+    rendezvous = Rendezvous.parse(f"tcp://127.0.0.1:{port}?world_size=2", environ={},
+                                  timeout=30.0)
+    started = []
+    timer = threading.Timer(1.0, lambda: started.append(_served_store(port)))
+    timer.start()
+    try:
+        store = rendezvous.store(1, 2)
+        store.set("k", b"v")
+        assert started[0].get("k") == b"v"
+    finally:
+        timer.join()
+        rendezvous.close(1, 2, wait=False)
+
+
+def test_a_store_file_in_a_missing_directory_is_one_line_at_once(tmp_path):
+    """torch's FileStore waits 300 s for the directory, whatever our timeout."""
+    rendezvous = Rendezvous.parse(f"file://{tmp_path}/missing/store?world_size=2", environ={},
+                                  timeout=60.0)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        rendezvous.store(0, 2)
+    assert time.monotonic() - start < 30
+    assert str(info.value) == (
+        f"--rendezvous file://{tmp_path}/missing/store?world_size=2: cannot open the store "
+        f"file {tmp_path}/missing/store: No such file or directory (a directory every peer "
+        f"sees must hold it)")
 
 
 def _served_store(port: int):
@@ -191,6 +226,9 @@ def test_a_restarted_job_resumes_at_the_newest_round_every_peer_has(
      "reachable within 1 s"),
     (["--advertise", "10.0.0.1", "--rank", "0"], {}, "error: --advertise: only with "
                                                      "--rendezvous"),
+    (["--rendezvous", "file:///missing/dir/store"], {"RANK": "0", "WORLD_SIZE": "3"},
+     "error: --rendezvous file:///missing/dir/store: cannot open the store file "
+     "/missing/dir/store: No such file or directory"),
 ])
 def test_gossip_peer_fails_in_one_line_naming_the_culprit(args, env, message, tmp_path,
                                                           monkeypatch):
