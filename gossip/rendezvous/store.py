@@ -32,8 +32,9 @@ from gossip.rendezvous.contact import resolve, source_address
 SCHEMES = ("env", "slurm", "tcp", "file")
 USAGE = "env://, slurm://[HOST[:PORT]], tcp://HOST:PORT, file:///PATH or static"
 # slurm:// without a port: this plus the job id modulo SLURM_PORT_SPAN (below the ephemeral
-# range, so no peer's own port takes it first).
-SLURM_BASE_PORT, SLURM_PORT_SPAN = 20000, 10000
+# range, so no peer's own port takes it first), each step of the job SLURM_STEP_STRIDE on:
+# concurrent steps of one allocation start on one node and each serves a store of its own.
+SLURM_BASE_PORT, SLURM_PORT_SPAN, SLURM_STEP_STRIDE = 20000, 10000, 1009
 # Reaching a store that is not up yet: a try this often, and at least this long for c10d's
 # own connect once one succeeded.
 CONNECT_RETRY_S, CONNECT_MIN_S = 0.1, 1.0
@@ -272,4 +273,5 @@ def _slurm_port(environ: Mapping[str, str]) -> int:
     if not job.isdigit():
         raise ConfigError(f"--rendezvous slurm://: $SLURM_JOB_ID={job!r} is not a job id (run "
                           f"under srun, or give slurm://HOST:PORT)")
-    return SLURM_BASE_PORT + int(job) % SLURM_PORT_SPAN
+    step = launchers.slurm_step(environ) or 0
+    return SLURM_BASE_PORT + (int(job) + SLURM_STEP_STRIDE * step) % SLURM_PORT_SPAN

@@ -57,6 +57,35 @@ def test_each_incarnation_has_its_own_key_prefix():
         "gossip/job7/0/", "gossip/job7/1/", "gossip/42/2/")
 
 
+@pytest.mark.parametrize("env, prefix", [
+    # Two steps of one allocation running at once (srun & srun).
+    ({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}, "gossip/42.0/0/"),
+    ({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "1"}, "gossip/42.1/0/"),
+    ({"SLURM_JOB_ID": "42", "SLURM_STEPID": "3", "SLURM_RESTART_COUNT": "1"}, "gossip/42.3/1/"),
+    # mpirun: every launch is a new MPI job, inside an allocation or not; ranks on mpirun's
+    # node and on the others (started by srun) see different SLURM steps, the same MPI job.
+    ({"OMPI_MCA_ess_base_jobid": "3053387777"}, "gossip/3053387777/0/"),
+    ({"OMPI_MCA_ess_base_jobid": "77", "SLURM_JOB_ID": "42"}, "gossip/77/0/"),
+    ({"OMPI_MCA_ess_base_jobid": "77", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "2"},
+     "gossip/77/0/"),
+    ({"PMIX_NAMESPACE": "prterun-n1-4242@1", "OMPI_MCA_ess_base_jobid": "77"},
+     "gossip/prterun-n1-4242@1/0/"),
+    ({"TORCHELASTIC_RUN_ID": "t", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "2"}, "gossip/t/0/"),
+])
+def test_mpi_jobs_and_slurm_steps_have_their_own_key_prefix(env, prefix):
+    assert Incarnation.from_env(env).prefix == prefix
+
+
+def test_concurrent_slurm_steps_derive_different_store_ports():
+    env = {"SLURM_STEP_NODELIST": "n[1-4]", "SLURM_JOB_ID": "123456"}
+    ports = [Rendezvous.parse("slurm://", environ={**env, "SLURM_STEP_ID": str(step)}).port
+             for step in range(4)]
+    assert ports[0] == Rendezvous.parse("slurm://", environ=env).port == 23456
+    assert len(set(ports)) == 4 and all(20000 <= port < 30000 for port in ports)
+    with pytest.raises(ConfigError, match=r"\$SLURM_STEP_ID='batch' is not a SLURM step id"):
+        Rendezvous.parse("slurm://", environ={**env, "SLURM_STEP_ID": "batch"})
+
+
 @pytest.mark.parametrize("uri, env, message", [
     ("nccl://x:1", {}, "unknown scheme"),
     ("env", {}, "unknown scheme"),
@@ -175,6 +204,32 @@ def test_a_stale_key_of_an_earlier_incarnation_is_never_read(run_peers):
     del server
 
 
+def test_an_mpi_relaunch_never_reads_the_aborted_attempts_addresses(tmp_path, run_peers):
+    """mpirun with a file:// store: an attempt aborted after ranks 0 and 1 published; the
+    relaunch (a new MPI job id, the same store file) reads only its own keys, so its rank 2
+    waits for ranks 0 and 1 instead of reading their dead addresses, and meets them once
+    they publish again."""
+    uri = f"file://{tmp_path}/store?world_size=3"
+
+    def rendezvous(rank, job, timeout=10.0):
+        return Rendezvous.parse(uri, timeout=timeout, environ={
+            "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "3",
+            "OMPI_MCA_ess_base_jobid": job})
+
+    def meet(rank, job, timeout=10.0):
+        return rendezvous(rank, job, timeout).exchange("address", rank, 3,
+                                                       f"{rank}@{job}".encode())
+
+    for rank in (0, 1):  # published, then the attempt was aborted (rank 2 never came)
+        dead = rendezvous(rank, "100")
+        dead.store(rank, 3).set(f"{dead.incarnation.prefix}address/{rank}",
+                                f"{rank}@100".encode())
+    with pytest.raises(RendezvousError, match=r"rank\(s\) 0, 1 did not publish their "
+                                              r"address within 1 s"):
+        meet(2, "200", timeout=1.0)
+    assert run_peers(3, lambda rank: meet(rank, "200")) == [[b"0@200", b"1@200", b"2@200"]] * 3
+
+
 def test_two_checkpoint_generations_are_kept(tmp_path):
     path = checkpoint.path_for(tmp_path, 3)
     assert checkpoint.generations(path) == {}
@@ -247,3 +302,4 @@ def test_gossip_peer_fails_in_one_line_naming_the_culprit(args, env, message, tm
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 1, result.output
     assert lines[0].startswith(message), lines[0]
+
