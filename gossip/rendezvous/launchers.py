@@ -57,6 +57,12 @@ def size_from(environ: Mapping[str, str]) -> int | None:
     return None if found is None else _integer(*found, least=1, what="a number of peers")
 
 
+def size_origin(environ: Mapping[str, str]) -> str:
+    """The variable ``size_from`` read, as ``$NAME=VALUE`` (for messages)."""
+    found = _first(environ, SIZE_ENV)
+    return "no launcher variable" if found is None else f"${found[0]}={found[1]}"
+
+
 def slurm_step(environ: Mapping[str, str]) -> int | None:
     """The SLURM job step this process belongs to (srun sets it); None outside one."""
     found = _first(environ, SLURM_STEP_ENV)

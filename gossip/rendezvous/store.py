@@ -110,6 +110,12 @@ class Rendezvous:
         """How many peers meet: the URI's ``world_size``, else the launcher's variable."""
         return self.size if self.size is not None else launchers.require_size(self.environ)
 
+    def size_origin(self) -> str:
+        """Where ``size_of`` comes from, for messages: the URI or the launcher's variable."""
+        if self.size is not None:
+            return f"world_size={self.size} in the URI"
+        return launchers.size_origin(self.environ)
+
     # -- where this peer listens --------------------------------------------------------
 
     def own_host(self) -> str:

@@ -303,3 +303,27 @@ def test_gossip_peer_fails_in_one_line_naming_the_culprit(args, env, message, tm
     assert result.exit_code == 1 and len(lines) == 1, result.output
     assert lines[0].startswith(message), lines[0]
 
+
+@pytest.mark.parametrize("edges, env, message", [
+    ("[[0, 1], [1, 2], [2, 3], [3, 0]]", {"RANK": "0", "WORLD_SIZE": "3"},
+     "ring4.yaml: 4 peers (ranks 0..3), but the launcher started 3 ($WORLD_SIZE=3)"),
+    ("[[0, 1], [1, 2], [2, 3], [3, 0]]", {"SLURM_PROCID": "0", "SLURM_NTASKS": "5"},
+     "ring4.yaml: 4 peers (ranks 0..3), but the launcher started 5 ($SLURM_NTASKS=5)"),
+])
+def test_an_edge_list_of_another_size_than_the_launchers_names_the_variable(
+        edges, env, message, tmp_path, monkeypatch):
+    """Not "rank 3 is not a peer" or "graph is disconnected": the file is fine, the
+    launcher's size is not its size."""
+    from click.testing import CliRunner
+
+    from gossip.cli import main
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "ring4.yaml").write_text(f"edges: {edges}\n")
+    result = CliRunner().invoke(main, [
+        "peer", "--topology", str(tmp_path / "ring4.yaml"), "--run-dir", str(tmp_path),
+        "--timeout", "1", "--rendezvous", "tcp://127.0.0.1:1"], env=env)
+    assert result.exit_code == 1
+    assert result.output.strip() == f"error: {tmp_path}/{message}"
