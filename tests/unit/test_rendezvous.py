@@ -132,16 +132,16 @@ def test_contacts_round_trip_and_malformed_ones_name_the_rank():
 
 def test_an_unreachable_store_is_one_line_within_the_timeout():
     """It fails once the timeout it names is over, not at c10d's next connect backoff
-    (which came at 2-2.5 times the timeout)."""
-    port, timeout = free_ports(1)[0], 5.0
+    (which came at 1.6-2.3 times this timeout)."""
+    port, timeout = free_ports(1)[0], 10.0
     rendezvous = Rendezvous.parse(f"tcp://127.0.0.1:{port}?world_size=2", environ={},
                                   timeout=timeout)
     start = time.monotonic()
     with pytest.raises(RendezvousError) as info:
         rendezvous.store(1, 2)
-    assert 0.9 * timeout <= time.monotonic() - start < timeout + 1.5  # c10d's: 8 to 13 s
+    assert 0.9 * timeout <= time.monotonic() - start < timeout + 3
     message = str(info.value)
-    assert f"store tcp://127.0.0.1:{port} not reachable within 5 s" in message
+    assert f"store tcp://127.0.0.1:{port} not reachable within 10 s" in message
     assert "\n" not in message
 
 
