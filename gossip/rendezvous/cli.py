@@ -39,11 +39,17 @@ class Meeting:
         return cls(rendezvous, rendezvous.rank_of(rank), rendezvous.size_of())
 
     def topology(self, path: str | Path) -> Topology:
-        """The topology file's (a graph-only file takes the launcher's size)."""
+        """The topology file's (a graph-only file takes the launcher's size).
+
+        Raises:
+            ConfigError: the file's peers (or an edge list's ranks) are not the launcher's
+                size, naming where that size came from (e.g. ``$WORLD_SIZE``).
+        """
         topology = Topology.from_yaml(path, size=self.size)
         if self.size is not None and topology.size != self.size:
-            raise ConfigError(f"{path}: {topology.size} peers, but the launcher started "
-                              f"{self.size}")
+            raise ConfigError(f"{path}: {topology.size} peers (ranks 0..{topology.size - 1}), "
+                              f"but the launcher started {self.size} "
+                              f"({self.rendezvous.size_origin()})")
         return topology
 
     @property

@@ -15,9 +15,15 @@ from gossip.errors import ConfigError
 
 RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-# torchrun names the job and counts its restarts (every worker restarts together); a
-# requeued SLURM job keeps its id and counts requeues.
-RUN_ID_ENV = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+# Who names the job, innermost launcher first (every rank of a job must pick the same one):
+# torchrun (its run id, whatever launched torchrun); an MPI job, a new one per mpirun (PMIx's
+# namespace, or Open MPI's own job id): its ranks also see the allocation's SLURM_JOB_ID, and
+# those on mpirun's node no step id; then SLURM's job, with the step (below) telling apart
+# the concurrent steps of one allocation. MPICH's Hydra (PMI-1) sets no job id.
+RUN_ID_ENV = ("TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID")
+SLURM_STEP_ENV = ("SLURM_STEP_ID", "SLURM_STEPID")
+# torchrun counts its restarts (every worker restarts together); a requeued SLURM job keeps
+# its id and counts requeues.
 RESTART_ENV = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 
 
@@ -49,6 +55,18 @@ def size_from(environ: Mapping[str, str]) -> int | None:
     """How many processes the launcher started; None if no launcher said."""
     found = _first(environ, SIZE_ENV)
     return None if found is None else _integer(*found, least=1, what="a number of peers")
+
+
+def size_origin(environ: Mapping[str, str]) -> str:
+    """The variable ``size_from`` read, as ``$NAME=VALUE`` (for messages)."""
+    found = _first(environ, SIZE_ENV)
+    return "no launcher variable" if found is None else f"${found[0]}={found[1]}"
+
+
+def slurm_step(environ: Mapping[str, str]) -> int | None:
+    """The SLURM job step this process belongs to (srun sets it); None outside one."""
+    found = _first(environ, SLURM_STEP_ENV)
+    return None if found is None else _integer(*found, least=0, what="a SLURM step id")
 
 
 def require_rank(environ: Mapping[str, str]) -> int:
@@ -83,4 +101,8 @@ class Incarnation:
         run = _first(environ, RUN_ID_ENV)
         restart = _first(environ, RESTART_ENV)
         count = 0 if restart is None else _integer(*restart, least=0, what="a restart count")
-        return cls(run[1] if run else "job", count)
+        if run is None:
+            return cls("job", count)
+        name, run_id = run
+        step = slurm_step(environ) if name == "SLURM_JOB_ID" else None
+        return cls(run_id if step is None else f"{run_id}.{step}", count)

@@ -33,7 +33,8 @@ def meet(rendezvous: Rendezvous, rank: int, topology: Topology, transport) -> To
     size = rendezvous.size_of()
     if size != topology.size:
         raise ConfigError(f"topology {topology.name or ''} has {topology.size} peers but the "
-                          f"launcher started {size} (rendezvous {rendezvous.uri})")
+                          f"launcher started {size} ({rendezvous.size_origin()}, rendezvous "
+                          f"{rendezvous.uri})")
     rendezvous.store(rank, size)  # reachable before we bind anything
     transport.open()
     try:

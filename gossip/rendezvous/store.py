@@ -18,6 +18,7 @@ shared file system. It needs no process group. URIs:
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -31,8 +32,12 @@ from gossip.rendezvous.contact import resolve, source_address
 SCHEMES = ("env", "slurm", "tcp", "file")
 USAGE = "env://, slurm://[HOST[:PORT]], tcp://HOST:PORT, file:///PATH or static"
 # slurm:// without a port: this plus the job id modulo SLURM_PORT_SPAN (below the ephemeral
-# range, so no peer's own port takes it first).
-SLURM_BASE_PORT, SLURM_PORT_SPAN = 20000, 10000
+# range, so no peer's own port takes it first), each step of the job SLURM_STEP_STRIDE on:
+# concurrent steps of one allocation start on one node and each serves a store of its own.
+SLURM_BASE_PORT, SLURM_PORT_SPAN, SLURM_STEP_STRIDE = 20000, 10000, 1009
+# Reaching a store that is not up yet: a try this often, and at least this long for c10d's
+# own connect once one succeeded.
+CONNECT_RETRY_S, CONNECT_MIN_S = 0.1, 1.0
 CLOSE_WAIT_S = 10.0  # the longest a store's server waits at the end for the others to leave
 
 
@@ -105,6 +110,12 @@ class Rendezvous:
         """How many peers meet: the URI's ``world_size``, else the launcher's variable."""
         return self.size if self.size is not None else launchers.require_size(self.environ)
 
+    def size_origin(self) -> str:
+        """Where ``size_of`` comes from, for messages: the URI or the launcher's variable."""
+        if self.size is not None:
+            return f"world_size={self.size} in the URI"
+        return launchers.size_origin(self.environ)
+
     # -- where this peer listens --------------------------------------------------------
 
     def own_host(self) -> str:
@@ -122,25 +133,63 @@ class Rendezvous:
         """The store, opened once (rank 0 serves it for tcp/env/slurm outside torchrun).
 
         Raises:
+            ConfigError: a ``file://`` store's file cannot be opened (no such directory).
             RendezvousError: not reachable (or not servable) within ``timeout``.
         """
         if self._store is None:
             import torch.distributed as dist
 
-            where = f"file://{self.path}" if self.path else f"tcp://{self.host}:{self.port}"
+            where = (f"file://{self.path}" if self.path
+                     else f"tcp://{_host_port(self.host, self.port)}")
             self._serving = self.path is None and not self.agent_store and rank == 0
             timeout = timedelta(seconds=self.timeout)
+            if self.path:
+                # FileStore retries opening a missing file for its own 300 s before our
+                # timeout applies: a file that opens here opens there at once.
+                self._create_file()
+            elif not self._serving:  # c10d's connect backoff overshoots the timeout
+                timeout = timedelta(seconds=self._await_server(where))
             try:  # as torch.distributed.rendezvous would, with our environment's say
                 if self.path:
                     self._store = dist.FileStore(self.path, size)
-                    self._store.set_timeout(timeout)
                 else:
                     self._store = dist.TCPStore(self.host, self.port, size, self._serving,
                                                 timeout, wait_for_workers=False,
                                                 multi_tenant=True)
+                self._store.set_timeout(timedelta(seconds=self.timeout))
             except Exception as exc:  # noqa: BLE001 - c10d raises RuntimeError, DistError...
                 raise RendezvousError(self._store_failure(where, exc)) from None
         return self._store
+
+    def _create_file(self) -> None:
+        """Raises ConfigError naming the path when the store's file cannot be opened."""
+        try:
+            with open(self.path, "ab"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"--rendezvous {self.uri}: cannot open the store file "
+                              f"{self.path}: {exc.strerror or exc} (a directory every peer "
+                              f"sees must hold it)") from None
+
+    def _await_server(self, where: str) -> float:
+        """Wait until the store's server accepts connections; the seconds left of
+        ``timeout``.
+
+        Raises:
+            RendezvousError: nothing accepted within ``timeout``.
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                with socket.create_connection((self.host, self.port), timeout=max(left, 0.01)):
+                    return max(deadline - time.monotonic(), CONNECT_MIN_S)
+            except OSError as exc:
+                failure = exc
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RendezvousError(self._store_failure(where, failure))
+            time.sleep(min(CONNECT_RETRY_S, left))
 
     def _store_failure(self, where: str, exc: Exception) -> str:
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
@@ -194,9 +243,11 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _hostname() -> str:
-    import socket
-
     return socket.gethostname()
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _query_int(uri: str, query: dict, key: str, *, least: int) -> int | None:
@@ -228,4 +279,5 @@ def _slurm_port(environ: Mapping[str, str]) -> int:
     if not job.isdigit():
         raise ConfigError(f"--rendezvous slurm://: $SLURM_JOB_ID={job!r} is not a job id (run "
                           f"under srun, or give slurm://HOST:PORT)")
-    return SLURM_BASE_PORT + int(job) % SLURM_PORT_SPAN
+    step = launchers.slurm_step(environ) or 0
+    return SLURM_BASE_PORT + (int(job) + SLURM_STEP_STRIDE * step) % SLURM_PORT_SPAN

@@ -82,7 +82,9 @@ def read(path: str | Path) -> Any:
 def parse(data: Any, *, size: int | None = None) -> TopologyParts:
     """The parts of a topology mapping. With ``size`` (a launcher's, for peers that meet
     through a rendezvous) the mapping may hold only the graph: its peers are placeholders
-    at 127.0.0.1 until the rendezvous says where they are.
+    at 127.0.0.1 until the rendezvous says where they are. A generator takes ``size``; an
+    edge list has its own (its highest rank + 1), for the caller, who knows where ``size``
+    came from, to compare.
 
     Raises:
         TopologyError: ``"<field>: <problem>"`` on the first problem found.
@@ -96,7 +98,8 @@ def parse(data: Any, *, size: int | None = None) -> TopologyParts:
     if name is not None and not isinstance(name, str):
         raise TopologyError(f"name: expected a string, got {name!r}")
     if size is not None and not any(key in data for key in ("peers", "hosts", "size")):
-        data = {**data, "size": size}
+        own = _edges_size(data["edges"]) if "edges" in data and "graph" not in data else None
+        data = {**data, "size": own or size}
     peers = _parse_peers(data)
     found = roles.parse(data, len(peers))
     if found is not None and "graph" not in data and "edges" not in data:
@@ -217,6 +220,18 @@ def _generated(spec: Any, size: int) -> nx.Graph:
     if graph.number_of_nodes() != size:  # guards generators that pick their own n
         raise TopologyError(f"graph: {kind} has {graph.number_of_nodes()} nodes but there are {size} peers")
     return graph
+
+
+def _edges_size(edges: Any) -> int | None:
+    """How many peers an edge list joins (its highest rank + 1); None if it is not a list of
+    pairs of ranks (``_explicit_edges`` says what is wrong)."""
+    try:
+        ranks = [rank for a, b in edges for rank in (a, b)]
+    except (TypeError, ValueError):
+        return None
+    if not ranks or not all(is_int(rank) and rank >= 0 for rank in ranks):
+        return None
+    return max(ranks) + 1
 
 
 def _explicit_edges(edges: Any, size: int) -> nx.Graph:

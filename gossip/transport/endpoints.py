@@ -26,6 +26,15 @@ def local_ipc(endpoint: str) -> str | None:
     return f"ipc://{tempfile.gettempdir()}/gossip-{parts.port}.sock"
 
 
+def is_ipv6(endpoint: str) -> bool:
+    """Whether ``endpoint`` is TCP to an IPv6 address (``tcp://[::1]:7000``)."""
+    parts = urlsplit(endpoint)
+    try:
+        return parts.scheme == "tcp" and ipaddress.ip_address(parts.hostname or "").version == 6
+    except ValueError:  # a host name or a wildcard
+        return False
+
+
 def bind_address(endpoint: str) -> str:
     """Bind to the endpoint's IP; a host name binds every interface (it may not resolve here)."""
     parts = urlsplit(endpoint)

@@ -1,5 +1,5 @@
 """The ZeroMQ sockets of a ZmqTransport, as it sets them up: queue depths, kernel buffers,
-size limit, heartbeats and CURVE."""
+size limit, heartbeats, IPv6 and CURVE."""
 
 from __future__ import annotations
 
@@ -31,10 +31,14 @@ HEARTBEAT_S = 1.0
 HEARTBEAT_MIN_S = 5.0
 
 
-def pull_socket(context: zmq.Context, *, max_frame: int, keys: CurveKeys | None) -> zmq.Socket:
+def pull_socket(context: zmq.Context, *, max_frame: int, keys: CurveKeys | None,
+                ipv6: bool = False) -> zmq.Socket:
     """A peer's receiving socket, not yet bound; with ``keys`` a CURVE server whose clients
-    the context's ZAP handler (auth.py) must let in."""
+    the context's ZAP handler (auth.py) must let in; ``ipv6`` to bind an IPv6 address."""
     pull = context.socket(zmq.PULL)
+    # libzmq refuses IPv6 addresses unless asked ("No such device"); asked, it would also
+    # turn an IPv4 one into an IPv4-mapped IPv6 one (::ffff:a.b.c.d), so only when needed.
+    pull.setsockopt(zmq.IPV6, int(ipv6))
     pull.setsockopt(zmq.LINGER, 0)
     pull.setsockopt(zmq.RCVHWM, HWM)
     # Refused by libzmq before it allocates; the header check also sees multi-frame totals.
@@ -53,11 +57,13 @@ def pull_socket(context: zmq.Context, *, max_frame: int, keys: CurveKeys | None)
     return pull
 
 
-def push_socket(context: zmq.Context, dst: int, *, timeout: float,
-                keys: CurveKeys | None) -> zmq.Socket:
+def push_socket(context: zmq.Context, dst: int, *, timeout: float, keys: CurveKeys | None,
+                ipv6: bool = False) -> zmq.Socket:
     """A socket sending to ``dst``, not yet connected: a send waits at most ``timeout``
-    seconds for room; with ``keys`` a CURVE client that only talks to ``dst``'s key."""
+    seconds for room; with ``keys`` a CURVE client that only talks to ``dst``'s key;
+    ``ipv6`` to connect to an IPv6 address."""
     sock = context.socket(zmq.PUSH)
+    sock.setsockopt(zmq.IPV6, int(ipv6))
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, HWM)
     sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES or -1)

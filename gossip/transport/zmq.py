@@ -21,7 +21,7 @@ from gossip.keys import CurveKeys, for_rank
 from gossip.transport import codec, shm
 from gossip.transport.auth import ZapHandler
 from gossip.transport.base import BYE, Transport
-from gossip.transport.endpoints import Endpoints, bind_address
+from gossip.transport.endpoints import Endpoints, bind_address, is_ipv6
 from gossip.transport.memory import keep_freed_buffers
 from gossip.transport.message import Message
 from gossip.transport.monitor import ConnectionWatch, LinkWatch
@@ -102,12 +102,13 @@ class ZmqTransport(Transport):
         if self.keys is not None:
             self._zap = ZapHandler(self._ctx, self.keys)
         max_frame = self.max_message_bytes + (CURVE_FRAME_OVERHEAD if self.keys else 0)
-        self._pull = pull_socket(self._ctx, max_frame=max_frame, keys=self.keys)
+        endpoint = self.endpoints[self.rank]
+        self._pull = pull_socket(self._ctx, max_frame=max_frame, keys=self.keys,
+                                 ipv6=is_ipv6(endpoint))
         self._watch = ConnectionWatch(self._pull, self.reject, max_frame_bytes=max_frame,
                                       curve=self.keys is not None,
                                       denials=self._zap.denials if self._zap else None,
                                       now=self.clock.monotonic)
-        endpoint = self.endpoints[self.rank]
         try:
             self._pull.bind(bind_address(endpoint))
             if endpoint.endswith(":*"):  # an ephemeral port: the one the system chose
@@ -134,9 +135,10 @@ class ZmqTransport(Transport):
             if not 0 <= dst < len(self.endpoints):
                 raise TransportError(f"rank {self.rank}: no peer {dst} (there are "
                                      f"{len(self.endpoints)})")
-            sock = push_socket(self._ctx, dst, timeout=self.timeout, keys=self.keys)
-            self._links.add(dst, sock)
             endpoint = self.endpoints[dst]
+            sock = push_socket(self._ctx, dst, timeout=self.timeout, keys=self.keys,
+                               ipv6=is_ipv6(endpoint))
+            self._links.add(dst, sock)
             sock.connect((self.use_ipc and self.endpoints.twin(dst)) or endpoint)
             self._push[dst] = sock
         return sock

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import torch
 import yaml
 
 from gossip.metrics import read_jsonl
-from gossip.netutil import free_ports
+from gossip.netutil import PortPicker, free_ports
 from gossip.peer import Peer
 from gossip.rendezvous import Rendezvous
 from gossip.topology import Topology
@@ -61,6 +62,104 @@ def test_peers_under_mpi_meet_on_ephemeral_ports_and_keep_the_same_host_path(run
             np.testing.assert_allclose(mixed[round].numpy(), oracle[rank], rtol=1e-12, atol=1e-12)
     for rank, (_, _, shared) in enumerate(results):
         assert all(shared), f"rank {rank} sends its neighbours large frames over the socket"
+
+
+def _ipv6_loopback_missing() -> str | None:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        return f"no IPv6 loopback (::1) to bind: {exc.strerror or exc}"
+    return None
+
+
+@pytest.mark.parametrize("local_ipc", [False, True], ids=["tcp", "unix-socket"])
+def test_peers_meet_and_talk_over_ipv6(local_ipc, run_peers):
+    """A store at tcp://[::1]:PORT (rank 0 serves it), peers that bind and publish IPv6
+    addresses and reach each other at them: over TCP, and over the same-host Unix sockets
+    their IPv6 endpoints name. Three peers, a vector of odd length: D-PSGD equals W @ x."""
+    reason = _ipv6_loopback_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    size, n = 3, 1_001
+    port = free_ports(1)[0]  # c10d's server listens on IPv4 and IPv6 alike
+    graph_only = Topology.from_dict({"graph": {"kind": "ring"}}, size=size)
+    x = torch.randn(size, n, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+
+    def main(rank):
+        env = {"PMI_RANK": str(rank), "PMI_SIZE": str(size)}
+        rendezvous = Rendezvous.parse(f"tcp://[::1]:{port}", environ=env, timeout=20)
+        with Peer(rendezvous.rank_of(), graph_only, "dpsgd", rendezvous=rendezvous,
+                  timeout=20, local_ipc=local_ipc) as peer:
+            mixed = [x[rank]]
+            for round in range(2):
+                mixed.append(peer.synchronize(mixed[-1], round))
+            return mixed[1:], peer.topology
+
+    results = run_peers(size, main)
+    (met,) = {topology for _, topology in results}
+    assert [p.host for p in met.peers] == ["::1"] * size
+    assert len({p.port for p in met.peers}) == size
+    w, oracle = graph_only.mixing_matrix(), x.numpy()
+    for round in range(2):
+        oracle = w @ oracle
+        for rank, (mixed, _) in enumerate(results):
+            np.testing.assert_allclose(mixed[round].numpy(), oracle[rank], rtol=1e-12, atol=1e-12)
+
+
+def _slurm_job_with_free_store_ports(steps: int) -> int:
+    """A job id whose steps' derived store ports are free on this machine now."""
+    for _ in range(100):
+        job = free_ports(1)[0]
+        ports = sorted({Rendezvous.parse("slurm://", environ={
+            "SLURM_JOB_ID": str(job), "SLURM_STEP_ID": str(step),
+            "SLURM_STEP_NODELIST": "localhost"}).port for step in range(steps)})
+        try:
+            PortPicker(ports, start=0).take(len(ports))
+        except OSError:
+            continue
+        return job
+    pytest.fail("no SLURM job id with free store ports in 100 tries")
+
+
+def test_concurrent_slurm_steps_of_one_allocation_each_meet_their_own_peers(run_peers):
+    """`srun -n 3 ... & srun -n 2 ... &` in one allocation: the two steps share the job id
+    and the first node. Each step serves its own store (a port of its own) under keys of its
+    own, so every peer meets only its step's peers: each step's D-PSGD rounds equal its own
+    W @ x (before, a peer read the other step's addresses)."""
+    sizes = (3, 2)
+    job = _slurm_job_with_free_store_ports(len(sizes))
+    graphs = [Topology.from_dict({"graph": {"kind": "ring"}}, size=size) for size in sizes]
+    data = [torch.randn(size, 101, generator=torch.Generator().manual_seed(step),
+                        dtype=torch.float64) for step, size in enumerate(sizes)]
+    tasks = [(step, rank) for step, size in enumerate(sizes) for rank in range(size)]
+
+    def main(task):
+        step, rank = tasks[task]
+        env = {"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": str(step),
+               "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(sizes[step]),
+               "SLURM_STEP_NODELIST": "localhost"}
+        rendezvous = Rendezvous.parse("slurm://", environ=env, timeout=20)
+        with Peer(rendezvous.rank_of(), graphs[step], "dpsgd", rendezvous=rendezvous,
+                  timeout=20) as peer:
+            mixed = [data[step][rank]]
+            for round in range(2):
+                mixed.append(peer.synchronize(mixed[-1], round))
+            return mixed[1:], peer.topology
+
+    results = run_peers(len(tasks), main)
+    for step, size in enumerate(sizes):
+        mine = [result for (s, _), result in zip(tasks, results) if s == step]
+        (met,) = {topology for _, topology in mine}
+        assert met.size == size
+        w, oracle = graphs[step].mixing_matrix(), data[step].numpy()
+        for round in range(2):
+            oracle = w @ oracle
+            for rank, (mixed, _) in enumerate(mine):
+                np.testing.assert_allclose(mixed[round].numpy(), oracle[rank], rtol=1e-12,
+                                           atol=1e-12)
+    ports = [{p.port for p in topology.peers} for (_, topology) in results]
+    assert not ports[0] & ports[sizes[0]]  # no peer of one step is a peer of the other
 
 
 def _slurm_env(rank: int, size: int, job: int) -> dict[str, str]:

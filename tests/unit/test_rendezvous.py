@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from datetime import timedelta
 
@@ -56,6 +57,35 @@ def test_each_incarnation_has_its_own_key_prefix():
         "gossip/job7/0/", "gossip/job7/1/", "gossip/42/2/")
 
 
+@pytest.mark.parametrize("env, prefix", [
+    # Two steps of one allocation running at once (srun & srun).
+    ({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}, "gossip/42.0/0/"),
+    ({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "1"}, "gossip/42.1/0/"),
+    ({"SLURM_JOB_ID": "42", "SLURM_STEPID": "3", "SLURM_RESTART_COUNT": "1"}, "gossip/42.3/1/"),
+    # mpirun: every launch is a new MPI job, inside an allocation or not; ranks on mpirun's
+    # node and on the others (started by srun) see different SLURM steps, the same MPI job.
+    ({"OMPI_MCA_ess_base_jobid": "3053387777"}, "gossip/3053387777/0/"),
+    ({"OMPI_MCA_ess_base_jobid": "77", "SLURM_JOB_ID": "42"}, "gossip/77/0/"),
+    ({"OMPI_MCA_ess_base_jobid": "77", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "2"},
+     "gossip/77/0/"),
+    ({"PMIX_NAMESPACE": "prterun-n1-4242@1", "OMPI_MCA_ess_base_jobid": "77"},
+     "gossip/prterun-n1-4242@1/0/"),
+    ({"TORCHELASTIC_RUN_ID": "t", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "2"}, "gossip/t/0/"),
+])
+def test_mpi_jobs_and_slurm_steps_have_their_own_key_prefix(env, prefix):
+    assert Incarnation.from_env(env).prefix == prefix
+
+
+def test_concurrent_slurm_steps_derive_different_store_ports():
+    env = {"SLURM_STEP_NODELIST": "n[1-4]", "SLURM_JOB_ID": "123456"}
+    ports = [Rendezvous.parse("slurm://", environ={**env, "SLURM_STEP_ID": str(step)}).port
+             for step in range(4)]
+    assert ports[0] == Rendezvous.parse("slurm://", environ=env).port == 23456
+    assert len(set(ports)) == 4 and all(20000 <= port < 30000 for port in ports)
+    with pytest.raises(ConfigError, match=r"\$SLURM_STEP_ID='batch' is not a SLURM step id"):
+        Rendezvous.parse("slurm://", environ={**env, "SLURM_STEP_ID": "batch"})
+
+
 @pytest.mark.parametrize("uri, env, message", [
     ("nccl://x:1", {}, "unknown scheme"),
     ("env", {}, "unknown scheme"),
@@ -101,16 +131,50 @@ def test_contacts_round_trip_and_malformed_ones_name_the_rank():
 
 
 def test_an_unreachable_store_is_one_line_within_the_timeout():
-    port = free_ports(1)[0]
+    """It fails once the timeout it names is over, not at c10d's next connect backoff
+    (which came at 1.6-2.3 times this timeout)."""
+    port, timeout = free_ports(1)[0], 10.0
     rendezvous = Rendezvous.parse(f"tcp://127.0.0.1:{port}?world_size=2", environ={},
-                                  timeout=1.0)
+                                  timeout=timeout)
     start = time.monotonic()
     with pytest.raises(RendezvousError) as info:
         rendezvous.store(1, 2)
-    assert time.monotonic() - start < 10
+    assert 0.9 * timeout <= time.monotonic() - start < timeout + 3
     message = str(info.value)
-    assert f"store tcp://127.0.0.1:{port} not reachable within 1 s" in message
+    assert f"store tcp://127.0.0.1:{port} not reachable within 10 s" in message
     assert "\n" not in message
+
+
+def test_a_store_that_comes_up_late_is_reached():
+    """The wait for an unreachable store is a wait: a server that starts a moment later is
+    reached, and the store works."""
+    port = free_ports(1)[0]
+    rendezvous = Rendezvous.parse(f"tcp://127.0.0.1:{port}?world_size=2", environ={},
+                                  timeout=30.0)
+    started = []
+    timer = threading.Timer(1.0, lambda: started.append(_served_store(port)))
+    timer.start()
+    try:
+        store = rendezvous.store(1, 2)
+        store.set("k", b"v")
+        assert started[0].get("k") == b"v"
+    finally:
+        timer.join()
+        rendezvous.close(1, 2, wait=False)
+
+
+def test_a_store_file_in_a_missing_directory_is_one_line_at_once(tmp_path):
+    """torch's FileStore waits 300 s for the directory, whatever our timeout."""
+    rendezvous = Rendezvous.parse(f"file://{tmp_path}/missing/store?world_size=2", environ={},
+                                  timeout=60.0)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        rendezvous.store(0, 2)
+    assert time.monotonic() - start < 30
+    assert str(info.value) == (
+        f"--rendezvous file://{tmp_path}/missing/store?world_size=2: cannot open the store "
+        f"file {tmp_path}/missing/store: No such file or directory (a directory every peer "
+        f"sees must hold it)")
 
 
 def _served_store(port: int):
@@ -138,6 +202,32 @@ def test_a_stale_key_of_an_earlier_incarnation_is_never_read(run_peers):
         meet(0, 1, timeout=1.0)
     assert run_peers(2, lambda rank: meet(rank, 1)) == [[b"0@1", b"1@1"]] * 2
     del server
+
+
+def test_an_mpi_relaunch_never_reads_the_aborted_attempts_addresses(tmp_path, run_peers):
+    """mpirun with a file:// store: an attempt aborted after ranks 0 and 1 published; the
+    relaunch (a new MPI job id, the same store file) reads only its own keys, so its rank 2
+    waits for ranks 0 and 1 instead of reading their dead addresses, and meets them once
+    they publish again."""
+    uri = f"file://{tmp_path}/store?world_size=3"
+
+    def rendezvous(rank, job, timeout=10.0):
+        return Rendezvous.parse(uri, timeout=timeout, environ={
+            "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "3",
+            "OMPI_MCA_ess_base_jobid": job})
+
+    def meet(rank, job, timeout=10.0):
+        return rendezvous(rank, job, timeout).exchange("address", rank, 3,
+                                                       f"{rank}@{job}".encode())
+
+    for rank in (0, 1):  # published, then the attempt was aborted (rank 2 never came)
+        dead = rendezvous(rank, "100")
+        dead.store(rank, 3).set(f"{dead.incarnation.prefix}address/{rank}",
+                                f"{rank}@100".encode())
+    with pytest.raises(RendezvousError, match=r"rank\(s\) 0, 1 did not publish their "
+                                              r"address within 1 s"):
+        meet(2, "200", timeout=1.0)
+    assert run_peers(3, lambda rank: meet(rank, "200")) == [[b"0@200", b"1@200", b"2@200"]] * 3
 
 
 def test_two_checkpoint_generations_are_kept(tmp_path):
@@ -191,6 +281,9 @@ def test_a_restarted_job_resumes_at_the_newest_round_every_peer_has(
      "reachable within 1 s"),
     (["--advertise", "10.0.0.1", "--rank", "0"], {}, "error: --advertise: only with "
                                                      "--rendezvous"),
+    (["--rendezvous", "file:///missing/dir/store"], {"RANK": "0", "WORLD_SIZE": "3"},
+     "error: --rendezvous file:///missing/dir/store: cannot open the store file "
+     "/missing/dir/store: No such file or directory"),
 ])
 def test_gossip_peer_fails_in_one_line_naming_the_culprit(args, env, message, tmp_path,
                                                           monkeypatch):
@@ -209,3 +302,28 @@ def test_gossip_peer_fails_in_one_line_naming_the_culprit(args, env, message, tm
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 1, result.output
     assert lines[0].startswith(message), lines[0]
+
+
+@pytest.mark.parametrize("edges, env, message", [
+    ("[[0, 1], [1, 2], [2, 3], [3, 0]]", {"RANK": "0", "WORLD_SIZE": "3"},
+     "ring4.yaml: 4 peers (ranks 0..3), but the launcher started 3 ($WORLD_SIZE=3)"),
+    ("[[0, 1], [1, 2], [2, 3], [3, 0]]", {"SLURM_PROCID": "0", "SLURM_NTASKS": "5"},
+     "ring4.yaml: 4 peers (ranks 0..3), but the launcher started 5 ($SLURM_NTASKS=5)"),
+])
+def test_an_edge_list_of_another_size_than_the_launchers_names_the_variable(
+        edges, env, message, tmp_path, monkeypatch):
+    """Not "rank 3 is not a peer" or "graph is disconnected": the file is fine, the
+    launcher's size is not its size."""
+    from click.testing import CliRunner
+
+    from gossip.cli import main
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "ring4.yaml").write_text(f"edges: {edges}\n")
+    result = CliRunner().invoke(main, [
+        "peer", "--topology", str(tmp_path / "ring4.yaml"), "--run-dir", str(tmp_path),
+        "--timeout", "1", "--rendezvous", "tcp://127.0.0.1:1"], env=env)
+    assert result.exit_code == 1
+    assert result.output.strip() == f"error: {tmp_path}/{message}"
