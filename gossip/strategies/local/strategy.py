@@ -119,6 +119,12 @@ class Local(Strategy):
     def serve(self) -> None:
         self.inner.serve()
 
+    def poll(self) -> None:
+        self.inner.poll()
+
+    def finish(self) -> None:
+        self.inner.finish()
+
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict()}
 
