@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
+from gossip.matrix import check_run
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
 from gossip.sim.clock import ModelledCompute, parse_compute
@@ -129,9 +130,7 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
     size = topology.size
     config.delays.check_ranks(size)
     simulation.check(size)
-    if config.checkpoint_every:
-        raise ConfigError("checkpoint_every: checkpoints and rejoins are not simulated "
-                          "(set it to 0)")
+    check_run(config, topology, simulate=True)
     run_dir = Path(run_dir)
     if write:
         write_run_dir(config, topology, run_dir, simulation, extra_config)
@@ -194,6 +193,9 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
         with Peer(rank, topology, config.strategy, transport=transport,
                   send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
                   **config.options) as node:
+            if topology.roles is not None and rank not in topology.roles.workers:
+                node.serve()  # a server only, as `gossip peer` runs it
+                return {}
             trainer = Trainer(node, config, on_round=lambda line: recorded(rank, line))
             trainer.delays = world.compute.delays(trainer.delays)
             if meetings is not None:

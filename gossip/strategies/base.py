@@ -18,7 +18,7 @@ STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
 CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer",
                 "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
-                "plans_rounds")
+                "plans_rounds", "serves_roles")
 #: The strategy a peer runs when none is named.
 DEFAULT = "dpsgd"
 #: An exact all-reduce mean over every peer (the consensus probe measures with it).
@@ -82,6 +82,10 @@ class Strategy(ABC):
     #: ``round_plan`` varies from round to round (local SGD: local steps, averages, a
     #: gradient-averaging warm-up, optimizer state reset or averaged at an average).
     plans_rounds: ClassVar[bool] = False
+    #: It runs the topology's parameter-server roles (``servers:``): a rank that only
+    #: serves answers the workers in ``serve``. Others send to every neighbour each round,
+    #: so a topology with roles is refused for them (gossip/matrix.py).
+    serves_roles: ClassVar[bool] = False
 
     def __init__(self, *, rank: int, topology, transport: Transport,
                  options: Options | None = None):
