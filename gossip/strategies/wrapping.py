@@ -39,15 +39,13 @@ def inner_options(wrapper: str, inner: str, given: Any, *,
     fault. ``own`` is the wrapper's options class, whose ``accepts_inner`` decides.
 
     Raises:
-        ConfigError: an unknown inner strategy, ``wrapper`` wrapping itself, an inner
-            strategy the wrapper does not accept, or a bad inner option.
+        ConfigError: an unknown inner strategy, one the wrapper does not accept (itself
+            included: a wrapper plans or ends its own rounds), or a bad inner option.
     """
     try:
         entry = STRATEGIES.entry(inner)
     except ConfigError as exc:  # it lists the strategies
         raise ConfigError(f"{wrapper}: inner: {exc}") from None
-    if entry.options is own:
-        raise ConfigError(f"{wrapper}: inner: cannot wrap {wrapper} itself")
     if given is not None and not isinstance(given, (Mapping, Options)):
         raise ConfigError(f"{wrapper}: inner_options: expected a mapping, got {given!r}")
     try:
