@@ -310,6 +310,11 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
                       metrics=metrics, on_round=on_round, on_minibatch=on_minibatch)
     if resume:
         trainer.resume(history, round=resume_round)
-    # An asynchronous strategy (no rounds) runs the same phases without lockstep.
-    last = (trainer if peer.strategy.synchronous else AsyncRunner(trainer)).run()
+    last = runner(trainer).run()
     return {} if last is None else last.as_dict()
+
+
+def runner(trainer: Trainer) -> Trainer | AsyncRunner:
+    """What runs ``trainer``'s rounds: itself, or for an asynchronous strategy (no rounds)
+    an ``AsyncRunner`` of the same phases without lockstep (budgets, polls, finish)."""
+    return trainer if trainer.peer.strategy.synchronous else AsyncRunner(trainer)

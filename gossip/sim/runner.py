@@ -25,7 +25,7 @@ from gossip.sim.clock import ModelledCompute, parse_compute
 from gossip.sim.network import NetworkModel
 from gossip.sim.probe import Meetings, OracleProbe
 from gossip.sim.transport import SimWorld
-from gossip.training import Trainer
+from gossip.training import Trainer, runner
 
 log = logging.getLogger("gossip.sim")
 PROBES = ("exchange", "oracle")
@@ -200,7 +200,7 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
             trainer.delays = world.compute.delays(trainer.delays)
             if meetings is not None:
                 trainer.consensus = OracleProbe(meetings, node, trainer.task)
-            last = trainer.run()
+            last = runner(trainer).run()  # an asynchronous strategy's budgets too
             stats[rank] = node.stats  # before the goodbyes
         return {} if last is None else last.as_dict()
     return run

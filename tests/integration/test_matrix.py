@@ -260,3 +260,13 @@ def test_every_row_trains_without_any_mode():
     for row in ROWS:
         baseline(row)
 
+
+
+def test_a_simulated_asynchronous_run_stops_at_its_budget():
+    """Two modes at once: the simulator ran every strategy's rounds in lockstep, so an
+    asynchronous one trained all its rounds, whatever its budget."""
+    row = matrix.Row("adpsgd", {})
+    result = simulate_run(config(row, rounds=3 * ROUNDS, budget_samples=8 * ROUNDS),
+                          Topology.generate("ring", SIZE), "unused", write=False)
+    assert result.failed == {}
+    assert_trained([result.records[rank] for rank in range(SIZE)])
