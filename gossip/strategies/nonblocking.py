@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gossip.errors import ConfigError, PeerTimeout
+from gossip.errors import PeerTimeout
 from gossip.strategies.base import EXACT_MEAN, STRATEGIES, Strategy
 from gossip.strategies.options import Options, option
 from gossip.strategies.wrapping import inner_options, inner_refusal

@@ -89,7 +89,7 @@ def test_a_refused_cell_is_one_config_error_naming_mode_and_strategy(row, column
 
 
 # -- bug 1: local wrapping nonblocking ---------------------------------------------------
-def test_local_wrapping_nonblocking_is_refused_in_one_line_not_a_traceback(tmp_path):
+def test_local_wrapping_nonblocking_is_refused_in_one_line_not_a_traceback():
     """It was an AttributeError (NonBlocking's capabilities are set per instance, not on
     the class) in a 47-line traceback."""
     topology = Topology.generate("ring", 3)
@@ -97,6 +97,10 @@ def test_local_wrapping_nonblocking_is_refused_in_one_line_not_a_traceback(tmp_p
         Peer(0, topology, "local", inner="nonblocking")
     assert one_line(info).startswith("local: inner: 'nonblocking' with these options: it "
                                      "decides at run time when a round ends")
+
+
+@pytest.mark.slow  # a `gossip` process
+def test_launch_of_local_wrapping_nonblocking_is_one_error_line(tmp_path):
     line = error_line(gossip_cli("launch", "--strategy", "local", "--option", "inner=nonblocking",
                                  "--peers", "3", "--rounds", "1", cwd=tmp_path))
     assert "local: inner: 'nonblocking'" in line
@@ -114,6 +118,10 @@ def test_servers_with_a_strategy_that_does_not_serve_are_refused_before_binding(
                                          f"it has no server role")
     Peer(1, topology, "ps")  # builds (nothing binds before entering)
     Peer(1, topology, "local", inner="ps")
+
+
+@pytest.mark.slow  # `gossip` processes
+def test_launch_with_servers_and_dpsgd_fails_before_any_peer_starts(tmp_path):
     line = error_line(gossip_cli("launch", "--topology", str(servers_topology(tmp_path)),
                                  "--strategy", "dpsgd", "--rounds", "2", "--timeout", "20",
                                  "--run-dir", "run", cwd=tmp_path))
@@ -150,12 +158,17 @@ def test_simulate_with_overlap_is_refused_at_start(tmp_path):
     with pytest.raises(ConfigError) as info:
         simulate_run(config, Topology.generate("ring", 3), tmp_path / "run", write=False)
     assert one_line(info).startswith("overlap: True: not simulated")
+
+
+@pytest.mark.slow  # a `gossip` process
+def test_gossip_simulate_overlap_is_one_error_line(tmp_path):
     line = error_line(gossip_cli("simulate", "--overlap", "--peers", "3", "--rounds", "1",
                                  "--quiet", "--run-dir", "run", cwd=tmp_path))
     assert "overlap: True: not simulated" in line
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a `gossip` process
 def test_simulate_refuses_a_shared_device(tmp_path):
     line = error_line(gossip_cli("simulate", "--arbiter", f"flock:{tmp_path}", "--peers", "3",
                                  "--rounds", "1", "--quiet", cwd=tmp_path))
