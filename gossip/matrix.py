@@ -176,9 +176,14 @@ def run_modes(config, topology=None, **more: bool) -> set[str]:
         modes.add("budgets")
     if config.checkpoint_every:
         modes.add("checkpoint")
-    if topology is not None and topology.roles is not None:
-        modes.add("roles")
-    return modes
+    return modes | topology_modes(topology)
+
+
+def topology_modes(topology) -> set[str]:
+    """The modes ``topology`` implies: ``roles`` where some rank only serves (ranks that
+    both train and serve leave every rank in the strategy's rounds)."""
+    roles = getattr(topology, "roles", None)
+    return {"roles"} if roles is not None and len(roles.workers) < topology.size else set()
 
 
 def check_run(config, topology=None, **more: bool) -> None:

@@ -118,6 +118,12 @@ def test_servers_with_a_strategy_that_does_not_serve_are_refused_before_binding(
                                          f"it has no server role")
     Peer(1, topology, "ps")  # builds (nothing binds before entering)
     Peer(1, topology, "local", inner="ps")
+    with pytest.raises(ConfigError, match="servers: .* with strategy local: it has no server"):
+        Peer(1, topology, "local", inner="ps", period=2, group_period=1, groups=[[0], [1, 2]])
+    # Roles where every rank also trains leave every rank in the rounds: any strategy.
+    both = Topology.from_dict({"peers": [{"rank": r, "host": "127.0.0.1", "port": 1 + r,
+                                          "role": "both"} for r in range(3)]})
+    Peer(1, both, "dpsgd")
 
 
 @pytest.mark.slow  # `gossip` processes
