@@ -179,3 +179,26 @@ def test_simulate_refuses_a_shared_device(tmp_path):
     line = error_line(gossip_cli("simulate", "--arbiter", f"flock:{tmp_path}", "--peers", "3",
                                  "--rounds", "1", "--quiet", cwd=tmp_path))
     assert "--arbiter (shared device): not simulated" in line
+
+
+def test_an_experiment_is_checked_run_by_run_before_its_first_run_starts(tmp_path):
+    from gossip.experiment.runner import run_experiment
+    from gossip.experiment.spec import parse_experiment
+
+    experiment = parse_experiment({
+        "name": "mixed", "peers": 3, "train": {"rounds": 1, "batch_size": 8},
+        "runs": [{"name": "fine", "strategy": "dpsgd"},
+                 {"name": "bad", "strategy": "dpsgd", "simulate": True, "overlap": True}]})
+    with pytest.raises(ConfigError) as info:
+        run_experiment(experiment, tmp_path / "out", echo=lambda line: None, progress=False)
+    assert one_line(info).startswith("run bad: overlap: True: not simulated")
+    assert not (tmp_path / "out").exists()  # not even the first run started
+
+
+@pytest.mark.parametrize("refused, within", list(matrix.CONFLICTS), ids="-in-".join)
+def test_modes_that_exclude_each_other_are_refused_whatever_the_strategy(refused, within):
+    for row in matrix.rows():
+        with pytest.raises(ConfigError) as info:
+            matrix.check(row.strategy, row.options, {refused, within})
+        assert one_line(info) == f"{matrix.feature(refused).flag}: " \
+                                 f"{matrix.CONFLICTS[refused, within]}"
