@@ -270,3 +270,12 @@ def test_a_simulated_asynchronous_run_stops_at_its_budget():
                           Topology.generate("ring", SIZE), "unused", write=False)
     assert result.failed == {}
     assert_trained([result.records[rank] for rank in range(SIZE)])
+
+
+def test_a_simulated_parameter_server_rank_serves():
+    """Two modes at once: the simulator trained every rank, so a rank of servers: raised
+    ("a server only") and its workers failed with the shard lost."""
+    result = simulate_run(config(matrix.Row("ps", {})), servers_topology(), "unused", write=False)
+    assert result.failed == {}
+    assert result.records[0] == []
+    assert_trained([result.records[rank] for rank in range(SIZE)], ranks=(1, 2))
