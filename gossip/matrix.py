@@ -1,10 +1,11 @@
 """The compatibility matrix: every strategy against every mode, computed from capabilities.
 
 Each mode (a ``Feature``) states what it needs of a strategy's capabilities; each strategy
-states what it has (``Strategy.capabilities_for``). A cell is one ``refusal`` call, and
-``check`` runs the cells of a run's modes (and the pairs of modes that exclude each other)
-before any socket opens: ``Peer(...)``, ``TrainConfig`` (overlap, budgets, checkpoints),
-`gossip launch` and `gossip simulate`. `gossip strategies --matrix`, docs/MATRIX.md and
+states what it has (``Strategy.capabilities_for``). A cell is one ``Feature.needs`` call,
+and ``check`` runs the cells of a run's modes (and the pairs of modes that exclude each
+other) before any socket opens: ``Peer(...)``, ``TrainConfig`` (overlap, budgets,
+checkpoints), `gossip peer`, `gossip launch`, `gossip simulate`, ``launch_run``,
+``simulate_run`` and experiments. `gossip strategies --matrix`, docs/MATRIX.md and
 tests/integration/test_matrix.py are all generated from the same tables, so a new strategy
 or mode joins them with no edit there.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from gossip.errors import ConfigError
 from gossip.strategies import STRATEGIES
+from gossip.strategies.registry import parse_options
 
 Capabilities = Mapping[str, Any]
 
@@ -129,15 +131,13 @@ def capabilities(strategy, options: Mapping[str, Any] | None = None) -> dict[str
         parsed = STRATEGIES.options(strategy, options)
         return STRATEGIES.strategy_class(strategy, parsed).capabilities_for(parsed)
     if isinstance(strategy, type) and hasattr(strategy, "capabilities_for"):
-        from gossip.strategies.registry import parse_options
-
         parsed = parse_options(strategy.options_class, options, strategy=strategy.__name__)
         return strategy.capabilities_for(parsed)
     return None
 
 
 def label(strategy, options: Mapping[str, Any] | None = None) -> str:
-    """How errors and the table name a strategy: ``local[dpsgd]`` for a wrapper."""
+    """How the table names a strategy: ``local[dpsgd]`` for a wrapper and its inner."""
     name = strategy if isinstance(strategy, str) else getattr(strategy, "__name__", "factory")
     inner = (options or {}).get("inner") if isinstance(options, Mapping) else None
     if inner is None:
@@ -158,8 +158,8 @@ def check(strategy, options: Mapping[str, Any] | None, modes: Iterable[str]) -> 
     held = capabilities(strategy, options)
     if held is None:
         return
-    for name in modes:
-        one = feature(name)
+    for mode in modes:
+        one = feature(mode)
         why = one.needs(held)
         if why:
             name = strategy if isinstance(strategy, str) else strategy.__name__
@@ -211,8 +211,7 @@ def rows() -> list[Row]:
     wrapped = []
     for wrapper in wrappers():
         for row in plain:
-            if (row.strategy != wrapper.wrapper
-                    and wrapper.needs(capabilities(row.strategy)) is None):
+            if wrapper.needs(capabilities(row.strategy)) is None:  # itself: never
                 wrapped.append(Row(wrapper.wrapper, {"inner": row.strategy}))
     return plain + wrapped
 

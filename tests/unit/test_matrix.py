@@ -202,3 +202,18 @@ def test_modes_that_exclude_each_other_are_refused_whatever_the_strategy(refused
             matrix.check(row.strategy, row.options, {refused, within})
         assert one_line(info) == f"{matrix.feature(refused).flag}: " \
                                  f"{matrix.CONFLICTS[refused, within]}"
+
+
+def test_jobs_sharing_devices_are_checked_before_any_peer_starts(tmp_path):
+    """A device's turns go round by round over the jobs (lockstep rounds); an asynchronous
+    job has none."""
+    from gossip.crossover.jobs import Job, launch_jobs
+
+    ring = Topology.generate("ring", 3)
+    jobs = [Job("a", TrainConfig(strategy="dpsgd", rounds=1), ring),
+            Job("b", TrainConfig(strategy="adpsgd", rounds=1), ring)]
+    with pytest.raises(ConfigError) as info:
+        launch_jobs(jobs, tmp_path, mode="flock")
+    assert one_line(info).startswith("--arbiter (shared device) with strategy adpsgd: it is "
+                                     "asynchronous")
+    assert not list(tmp_path.glob("*/config.yaml"))  # no job placed, no peer started
