@@ -8,6 +8,7 @@ with overlap). A refused cell must be refused by the mode's own entry, in one li
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from pathlib import Path
@@ -153,9 +154,13 @@ def works_budgets(row, tmp_path):
 def works_arbiter(row, tmp_path):
     arbiter = LocalArbiter()
 
+    @contextlib.contextmanager
     def device(rank):
         lock = arbiter.lock(f"dev{rank}", "job", rank, timeout=TIMEOUT)
-        return _closing(lock, functools.partial(DeviceTrainer, device=lock))
+        try:
+            yield functools.partial(DeviceTrainer, device=lock)
+        finally:
+            lock.close()
 
     records = run(row, trainer=device)
     assert_trained(records)
@@ -228,17 +233,6 @@ def refused_by_entry(row: matrix.Row, feature: matrix.Feature) -> str:
 WORKS = {"overlap": works_overlap, "simulate": works_simulate, "roles": works_roles,
          "rendezvous": works_rendezvous, "budgets": works_budgets, "arbiter": works_arbiter,
          "checkpoint": works_checkpoint, "cuda": works_cuda}
-
-
-class _closing:
-    def __init__(self, lock, value):
-        self.lock, self.value = lock, value
-
-    def __enter__(self):
-        return self.value
-
-    def __exit__(self, *exc):
-        self.lock.close()
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.label)
