@@ -81,6 +81,7 @@ class TrainConfig:
     snapshot_seconds: float = 2.0
 
     def __post_init__(self):
+        from gossip.matrix import check_run
         from gossip.strategies import DEFAULT, STRATEGIES
         from gossip.tasks import SCHEMES, task_factory
 
@@ -116,16 +117,15 @@ class TrainConfig:
                  "must be >= 0 (0: no limit)")
         _require(self.snapshot_seconds >= 0, "snapshot_seconds", self.snapshot_seconds,
                  "must be >= 0 (0: no snapshots)")
-        if self.overlap:
-            _check_overlap(self.strategy, self.options)
-        if self.budget_samples or self.budget_seconds:
-            _check_asynchronous(self.strategy, self.options)
+        check_run(self)  # overlap, budgets and checkpoints against the strategy
 
     @property
     def asynchronous(self) -> bool:
         """Whether the strategy runs without lockstep rounds: each peer counts its own steps
         (``Strategy.synchronous`` false)."""
-        return not _capabilities(self.strategy, self.options)["synchronous"]
+        from gossip.matrix import capabilities
+
+        return not capabilities(self.strategy, self.options)["synchronous"]
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -176,30 +176,6 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
-
-
-def _capabilities(strategy: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    from gossip.strategies import STRATEGIES
-
-    parsed = STRATEGIES.options(strategy, options)
-    return STRATEGIES.strategy_class(strategy, parsed).capabilities_for(parsed)
-
-
-def _check_asynchronous(strategy: str, options: Mapping[str, Any]) -> None:
-    if _capabilities(strategy, options)["synchronous"]:
-        raise ConfigError(f"budget_samples/budget_seconds: strategy {strategy} runs in "
-                          f"lockstep rounds, so every peer must run the same rounds (give "
-                          f"rounds); budgets in samples or seconds need an asynchronous "
-                          f"strategy")
-
-
-def _check_overlap(strategy: str, options: Mapping[str, Any]) -> None:
-    from gossip.overlap import refusal
-    from gossip.strategies import STRATEGIES
-
-    parsed = STRATEGIES.options(strategy, options)
-    why = refusal(STRATEGIES.strategy_class(strategy, parsed).capabilities_for(parsed))
-    _require(why is None, "overlap", True, f"with strategy {strategy}: {why}")
 
 
 def _require(ok: bool, name: str, value: Any, rule: str) -> None:

@@ -12,6 +12,7 @@ import torch
 from gossip import keys
 from gossip.device import HostStaging
 from gossip.errors import ConfigError, TransportBusy
+from gossip.matrix import check, topology_modes
 from gossip.overlap import DEFAULT_BUCKET_MB, Overlap
 from gossip.rendezvous import Rendezvous
 from gossip.rendezvous.meet import meet, transport_args
@@ -72,7 +73,8 @@ class Peer:
                  comm_threads: int | None = None, rendezvous=None, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
-        self._build = STRATEGIES.resolve(strategy, options)  # options checked now
+        self._build = STRATEGIES.resolve(strategy, options)  # options and matrix checked now
+        check(strategy, options, topology_modes(topology))
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         if dead_after <= 0:

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from gossip import launch
 from gossip.cluster import VirtualCluster
 from gossip.config import TrainConfig
+from gossip.matrix import check_run
 
 if TYPE_CHECKING:
     from gossip.topology import Topology
@@ -71,6 +72,7 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
         ConfigError: no rank of the topology runs here, or a bad ``rate``.
         NetnsError: the virtual cluster cannot be set up.
     """
+    check_run(config, topology)  # refused before any peer starts
     run_dir = Path(run_dir)
     cluster = VirtualCluster(topology.size, rate=rate) if rate is not None else None
     start = time.monotonic()

@@ -310,11 +310,11 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
                       metrics=metrics, on_round=on_round, on_minibatch=on_minibatch)
     if resume:
         trainer.resume(history, round=resume_round)
-    last = run_trainer(trainer)
+    last = runner(trainer).run()
     return {} if last is None else last.as_dict()
 
 
-def run_trainer(trainer: Trainer) -> Record | None:
-    """``trainer.run()``, except that an asynchronous strategy (no rounds) runs the same
-    phases without lockstep (``AsyncRunner``); returns the last record."""
-    return (trainer if trainer.peer.strategy.synchronous else AsyncRunner(trainer)).run()
+def runner(trainer: Trainer) -> Trainer | AsyncRunner:
+    """What runs ``trainer``'s rounds: itself, or for an asynchronous strategy (no rounds)
+    an ``AsyncRunner`` of the same phases without lockstep (budgets, polls, finish)."""
+    return trainer if trainer.peer.strategy.synchronous else AsyncRunner(trainer)

@@ -74,6 +74,7 @@ def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, mess
     Writes the run directory `gossip launch` writes (so `gossip plot` reads it); times in
     it are virtual seconds.
     """
+    from gossip.matrix import check_run
     from gossip.sim import NetworkModel, Simulation, parse_compute, simulate_run
     from gossip.topology import Topology
 
@@ -81,6 +82,7 @@ def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, mess
     topology = (Topology.from_yaml(topology_path) if topology_path
                 else Topology.generate(graph, peers))
     config.delays.check_ranks(topology.size)
+    check_run(config, topology, simulate=True, arbiter=bool(flags.get("arbiter")))
     rate, per_rank = _rates(rates)
     simulation = Simulation(
         network=NetworkModel(rate=rate, rates=per_rank, latency=latency, sharing=sharing,

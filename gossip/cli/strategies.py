@@ -10,15 +10,25 @@ _SAYS = {"exact_mean": "returns the exact mean", "preserves_mean": "keeps the pe
          "needs_every_peer": "needs every peer each round",
          "can_rejoin": "a restarted peer can rejoin", "checks_own_result": None,
          "stops_rounds_early": "ends rounds at run time (no overlap)",
-         "plans_rounds": "plans each round (local steps, averages; no overlap)"}
+         "plans_rounds": "plans each round (local steps, averages; no overlap)",
+         "serves_roles": "runs the topology's server roles"}
 
 
 @main.command("strategies")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead.")
+@click.option("--matrix", is_flag=True,
+              help="Print the compatibility matrix instead: every strategy (and wrapper with "
+                   "each inner) against every mode, works or why it is refused (the "
+                   "docs/MATRIX.md table).")
 @fail_cleanly
-def strategies(as_json):
+def strategies(as_json, matrix):
     """Every registered strategy: what it does, its capabilities and its options (defaults
     and docs). Set options with --option KEY=VALUE, YAML `options:` or Peer(**options)."""
+    if matrix:
+        from gossip.matrix import markdown
+
+        click.echo(markdown(), nl=False)
+        return
     from gossip.strategies import STRATEGIES
 
     _print(STRATEGIES.describe(), as_json, capabilities=True)

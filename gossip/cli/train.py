@@ -178,6 +178,7 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
 
     from gossip import checkpoint
     from gossip.crossover.connect import device_config
+    from gossip.matrix import check_run
     from gossip.metrics import MetricsWriter, read_jsonl
     from gossip.peer import Peer
     from gossip.rendezvous.cli import Meeting
@@ -189,6 +190,8 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
     meeting = Meeting.parse(rendezvous_uri, rank, advertise=advertise, timeout=config.timeout)
     rank, topology = meeting.rank, meeting.topology(topology_path)
     config.delays.check_ranks(topology.size)
+    check_run(config, topology, arbiter=shared is not None,
+              rendezvous=meeting.rendezvous is not None)
     metrics_path = Path(run_dir) / f"peer-{rank}.jsonl"
     checkpoint_path = checkpoint.path_for(checkpoint_dir or Path(run_dir) / "checkpoints", rank)
     history, resumed = [], ""
@@ -278,6 +281,7 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
     from gossip.cli.summary import run_summary
     from gossip.crossover.connect import device_config
     from gossip.launch import LaunchFailed, check_deaths
+    from gossip.matrix import check_run
     from gossip.netutil import free_ports
     from gossip.run import launch_run
     from gossip.topology import Topology
@@ -292,6 +296,7 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
     if key_dir:
         topology = topology.with_keys(key_dir)
     config.delays.check_ranks(topology.size)
+    check_run(config, topology, arbiter=shared is not None)  # before any peer starts
     if rate is not None and not netns:
         raise ConfigError("--rate: only with --netns (local peers share an uncapped loopback)")
     run_dir = Path(run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.strategy}")

@@ -25,6 +25,7 @@ from gossip import launch
 from gossip.config import TrainConfig
 from gossip.crossover.connect import DeviceConfig
 from gossip.errors import ConfigError, GossipError
+from gossip.matrix import check_run
 from gossip.run import place_run
 from gossip.zygote import Zygote
 
@@ -107,6 +108,8 @@ def launch_jobs(jobs: Sequence[Job], run_dir: str | Path, *, mode: str = "crosso
     sizes = {job.topology.size for job in jobs}
     if len(sizes) != 1 or len({job.name for job in jobs}) != len(jobs):
         raise ConfigError("jobs sharing devices need distinct names and equal peer counts")
+    for job in jobs:  # the matrix's cells, before any peer starts
+        check_run(job.config, job.topology, arbiter=True)
     cluster = VirtualCluster(sizes.pop(), rate=rate) if rate is not None else None
     start = time.monotonic()
     with cluster or contextlib.nullcontext(), sharing(mode, run_dir, slice_s=slice_s) as device:

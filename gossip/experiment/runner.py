@@ -11,13 +11,14 @@ import yaml
 from gossip.errors import ConfigError, GossipError
 from gossip.experiment.spec import Experiment, Run
 from gossip.launch import check_deaths
+from gossip.matrix import check_run
 from gossip.netutil import free_ports
 from gossip.zygote import Zygote
 
 
 def check_runs(experiment: Experiment) -> None:
     """Everything that can be checked before a peer starts: graphs, topology files, link
-    rates, per-rank delays (ConfigError naming the run)."""
+    rates, per-rank delays, the compatibility matrix's cells (ConfigError naming the run)."""
     from gossip.cluster import parse_rate
 
     for run in experiment.runs:
@@ -28,6 +29,7 @@ def check_runs(experiment: Experiment) -> None:
                 parse_rate(run.rate)
             if run.simulation is not None:
                 run.simulation.check(topology.size)
+            check_run(run.config, topology, simulate=run.simulation is not None)
         except ConfigError as exc:
             raise ConfigError(f"run {run.name}: {exc}") from None
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from gossip.errors import ConfigError
+from gossip.matrix import feature
 from gossip.overlap.buckets import DEFAULT_FIRST_BUCKET_MB, check_caps, describe, plan_buckets
 from gossip.overlap.combine import CombineThenAdapt
 from gossip.overlap.flat import FlatGrads, FlatLayout, FlatParams
@@ -24,17 +25,9 @@ log = logging.getLogger("gossip.overlap")
 
 
 def refusal(capabilities: dict[str, Any]) -> str | None:
-    """Why a strategy with these capabilities cannot be overlapped (None: it can)."""
-    if capabilities.get("stops_rounds_early"):
-        return ("it decides at run time when a round's computation ends (stops_rounds_early), "
-                "so there is no fixed point to start its communication at")
-    if capabilities.get("plans_rounds"):
-        return ("it plans each round (local steps between averages, warm-up, optimizer "
-                "state at an average), which overlap's every-round mixing would override; "
-                "it already sends only in its averaging rounds: train it without overlap")
-    if capabilities.get("synchronous") is False:
-        return "it is asynchronous: its exchanges already run between mini-batches"
-    return None
+    """Why a strategy with these capabilities cannot be overlapped (None: it can): the
+    compatibility matrix's overlap cell (gossip/matrix.py)."""
+    return feature("overlap").needs(capabilities)
 
 
 class Overlap:

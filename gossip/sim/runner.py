@@ -19,13 +19,14 @@ from tqdm import tqdm
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 from gossip.launch import Death, progress
+from gossip.matrix import check_run
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
 from gossip.sim.clock import ModelledCompute, parse_compute
 from gossip.sim.network import NetworkModel
 from gossip.sim.probe import Meetings, OracleProbe
 from gossip.sim.transport import SimWorld
-from gossip.training import Trainer, run_trainer
+from gossip.training import Trainer, runner
 
 log = logging.getLogger("gossip.sim")
 PROBES = ("exchange", "oracle")
@@ -140,9 +141,7 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
     size = topology.size
     config.delays.check_ranks(size)
     simulation.check(size)
-    if config.checkpoint_every:
-        raise ConfigError("checkpoint_every: checkpoints and rejoins are not simulated "
-                          "(set it to 0)")
+    check_run(config, topology, simulate=True)
     run_dir = Path(run_dir)
     if write:
         write_run_dir(config, topology, run_dir, simulation, extra_config)
@@ -217,7 +216,7 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
             trainer.delays = world.compute.delays(trainer.delays)
             if meetings is not None:
                 trainer.consensus = OracleProbe(meetings, node, trainer.task)
-            last = run_trainer(trainer)  # an asynchronous strategy as `gossip peer` runs it
+            last = runner(trainer).run()  # an asynchronous strategy's budgets too
             stats[rank] = node.stats  # before the goodbyes
         return {} if last is None else last.as_dict()
     return run

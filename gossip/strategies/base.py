@@ -18,7 +18,7 @@ STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
 CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer",
                 "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
-                "plans_rounds", "keeps_tensor")
+                "plans_rounds", "keeps_tensor", "serves_roles")
 #: The strategy a peer runs when none is named.
 DEFAULT = "dpsgd"
 #: An exact all-reduce mean over every peer (the consensus probe measures with it).
@@ -85,6 +85,10 @@ class Strategy(ABC):
     #: ``synchronize`` keeps the tensor it is given and moves it between calls (``poll``,
     #: ``finish``): a device tensor's host copy is then the model (gossip/device/staging.py).
     keeps_tensor: ClassVar[bool] = False
+    #: It runs the topology's parameter-server roles (``servers:``): a rank that only
+    #: serves answers the workers in ``serve``. Others send to every neighbour each round,
+    #: so a topology with roles is refused for them (gossip/matrix.py).
+    serves_roles: ClassVar[bool] = False
 
     def __init__(self, *, rank: int, topology, transport: Transport,
                  options: Options | None = None):

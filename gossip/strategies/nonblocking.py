@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from gossip.errors import ConfigError, PeerTimeout
+from gossip.errors import PeerTimeout
 from gossip.strategies.base import EXACT_MEAN, STRATEGIES, Strategy
 from gossip.strategies.options import Options, option
-from gossip.strategies.wrapping import inner_options
+from gossip.strategies.wrapping import inner_options, inner_refusal
 from gossip.transport import Message
 
 # STOP(round) messages that arrive after their round ended are drained this many rounds back.
@@ -50,14 +50,16 @@ class NonBlockingOptions(Options):
 
     def __post_init__(self):
         super().__post_init__()
-        inner, cls = inner_options("nonblocking", self.inner, self.inner_options,
-                                   own=NonBlockingOptions)
-        if cls.operates_on == "grads" and not cls.exact_mean:
-            # The count travels as one extra element: only an exact mean keeps it exact.
-            raise ConfigError(f"nonblocking: inner: {self.inner!r} with these options is not "
-                              f"an exact all-reduce; wrap an exact all-reduce or a gossip "
-                              f"strategy")
+        inner, _ = inner_options("nonblocking", self.inner, self.inner_options,
+                                 own=NonBlockingOptions)
         object.__setattr__(self, "inner_options", inner)
+
+    @classmethod
+    def accepts_inner(cls, capabilities: Mapping[str, Any]) -> str | None:
+        """Why nonblocking cannot wrap a strategy with these capabilities (None: it can):
+        its STOPs close lockstep rounds, and a gradient inner's count travels as one extra
+        element that only an exact mean keeps exact."""
+        return inner_refusal(capabilities, asynchronous=False)
 
 
 @STRATEGIES.register("nonblocking")
@@ -73,11 +75,8 @@ class NonBlocking(Strategy):
         self.inner = STRATEGIES.create(self.options.inner, rank=rank, topology=topology,
                                        transport=transport, options=self.options.inner_options)
         # Capabilities are the inner strategy's (it does the combining); none can rejoin.
-        self.operates_on = self.inner.operates_on
-        self.exact_mean = self.inner.exact_mean
-        self.preserves_mean = self.inner.preserves_mean
-        self.needs_every_peer = self.inner.needs_every_peer
-        self.checks_own_result = self.inner.checks_own_result
+        for key, value in self.capabilities_for(self.options).items():
+            setattr(self, key, value)
         self.stop_kind = f"{self.options.tag}.stop"
         self._stopped = -1  # latest round whose STOP we have seen (or sent)
         self._drained_at = -1  # the round that last drained late STOPs
@@ -98,6 +97,12 @@ class NonBlocking(Strategy):
 
     def serve(self) -> None:
         self.inner.serve()
+
+    def poll(self) -> None:
+        self.inner.poll()
+
+    def finish(self) -> None:
+        self.inner.finish()
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "stopped": self._stopped,

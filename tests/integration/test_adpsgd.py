@@ -222,8 +222,8 @@ def test_budgets_in_samples_and_seconds_stop_each_peer_where_they_say(local_topo
 
 @pytest.mark.parametrize("budget", [{"budget_samples": 64}, {"budget_seconds": 2.0}])
 def test_budgets_in_samples_or_seconds_need_an_asynchronous_strategy(budget):
-    with pytest.raises(ConfigError, match="budget_samples/budget_seconds: strategy dpsgd runs "
-                                          "in lockstep rounds"):
+    with pytest.raises(ConfigError, match="budget_samples/budget_seconds with strategy dpsgd: "
+                                          "it runs in lockstep rounds"):
         TrainConfig(strategy="dpsgd", **budget)
     with pytest.raises(ConfigError, match="budget_samples: -1 must be >= 0"):
         TrainConfig(strategy="adpsgd", budget_samples=-1)

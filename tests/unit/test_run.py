@@ -241,9 +241,10 @@ def test_the_progress_bar_counts_only_ranks_that_train(tmp_path, peers, monkeypa
     data = topology(5).to_dict()
     del data["edges"]  # implied: every worker linked to every server
     roles = Topology.from_dict({**data, "servers": [3, 1]})
-    monkeypatch.setattr(launch, "watch", lambda procs, on_progress, on_death=None:
+    monkeypatch.setattr(launch, "watch", lambda procs, on_progress, on_death=None, **_:
                         on_progress(CONFIG.rounds * 3) or [])
-    launch_run(CONFIG, roles, tmp_path, progress="ps", on_death=lambda death: None)
+    config = TrainConfig(rounds=CONFIG.rounds, batch_size=16, strategy="ps")
+    launch_run(config, roles, tmp_path, progress="ps", on_death=lambda death: None)
     assert "100%" in capsys.readouterr().err.split("\r")[-1]
 
 

@@ -5,13 +5,14 @@ The inner strategy's options nest (``inner_options``), as ``nonblocking``'s do.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gossip.errors import ConfigError
 from gossip.strategies.base import EXACT_MEAN
 from gossip.strategies.options import Options, at_least, option
-from gossip.strategies.wrapping import inner_options
+from gossip.strategies.wrapping import inner_options, inner_refusal
 
 
 def _groups(value: Any) -> str | None:
@@ -66,9 +67,14 @@ class LocalOptions(Options):
             raise ConfigError(f"local: group_period must divide period and be shorter (the "
                               f"periods nest), got group_period {self.group_period} with "
                               f"period {self.period}")
-        inner, cls = inner_options("local", self.inner, self.inner_options, own=LocalOptions)
-        if cls.operates_on == "grads" and not cls.exact_mean:
-            raise ConfigError(f"local: inner: {self.inner!r} with these options does not "
-                              f"average parameters exactly; use an exact mean or a gossip "
-                              f"(params) strategy")
+        inner, held = inner_options("local", self.inner, self.inner_options, own=LocalOptions)
+        if held["synchronous"] is False and (self.warmup_rounds or self.group_period):
+            raise ConfigError(f"local: warmup_rounds and group_period average in lockstep "
+                              f"rounds, which the asynchronous inner {self.inner!r} has not")
         object.__setattr__(self, "inner_options", inner)
+
+    @classmethod
+    def accepts_inner(cls, capabilities: Mapping[str, Any]) -> str | None:
+        """Why local cannot wrap a strategy with these capabilities (None: it can); an
+        asynchronous one runs every period's exchange, its poll and finish forwarded."""
+        return inner_refusal(capabilities, asynchronous=True)

@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from gossip.errors import ConfigError
 from gossip.strategies.base import EXACT_MEAN, STRATEGIES, RoundPlan, Strategy
 from gossip.strategies.local.groups import GroupMean, resolve_groups
 from gossip.strategies.local.options import LocalOptions
@@ -43,13 +42,6 @@ class Local(Strategy):
                                        transport=transport, options=opts.inner_options)
         for key, value in self.capabilities_for(opts).items():
             setattr(self, key, value)
-        roles = topology.roles
-        if (roles is not None and len(roles.workers) < topology.size
-                and (opts.group_period is not None
-                     or (opts.warmup_rounds and not self.inner.exact_mean))):
-            raise ConfigError("local: group_period, or warmup_rounds over an inner strategy "
-                              "that is not an exact mean, needs every rank, and some ranks "
-                              "of this topology only serve")
         self.warm = self.inner
         if opts.warmup_rounds and not self.inner.exact_mean:
             self.warm = STRATEGIES.create(EXACT_MEAN, rank=rank, topology=topology,
@@ -69,7 +61,10 @@ class Local(Strategy):
                 "exact_mean": bool(inner["exact_mean"] and every_round),
                 # an exact mean, a group mean and sending nothing all keep the average
                 "preserves_mean": bool(inner["preserves_mean"] or inner["exact_mean"]),
-                "can_rejoin": False, "checks_own_result": False, "plans_rounds": True}
+                "can_rejoin": False, "checks_own_result": False, "plans_rounds": True,
+                # group means and a warm-up all-reduce of our own need every rank to train
+                "serves_roles": bool(inner["serves_roles"] and options.group_period is None
+                                     and (not options.warmup_rounds or inner["exact_mean"]))}
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -118,6 +113,12 @@ class Local(Strategy):
 
     def serve(self) -> None:
         self.inner.serve()
+
+    def poll(self) -> None:
+        self.inner.poll()
+
+    def finish(self) -> None:
+        self.inner.finish()
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict()}

@@ -44,6 +44,7 @@ class ParameterServer(Strategy):
     roles come from the topology (without any: every peer trains and serves one shard)."""
 
     options_class = PSOptions
+    serves_roles = True
 
     def __init__(self, *, rank, topology, transport, options: PSOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
