@@ -34,7 +34,7 @@ class LocalArbiter:
     def lock(self, device: str, job: str, rank: int, *, timeout: float = 60.0) -> LocalDevice:
         """A rank's handle on ``device``; the job joins its rotation now."""
         with self._cond:
-            self._rotation(device).join(str(job))
+            self._rotation(device).join(str(job), int(rank))
         return LocalDevice(self, device, job, rank, timeout=timeout)
 
     def _rotation(self, device: str) -> Rotation:
@@ -50,14 +50,15 @@ class LocalArbiter:
             while True:
                 now = time.time()
                 self.log.expire(rotation, now, self.max_hold_s)
-                grant = rotation.next_grant(now)
-                if grant is not None:
+                if rotation.next_grant(now) is not None:
                     self._cond.notify_all()
-                    if grant.job == lock.job:
-                        return
+                # Whoever's call made the grant: a waiter woken by a release may grant the
+                # device to another thread, which must see it here.
+                if rotation.holds(lock.job, lock.rank):
+                    return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    rotation.withdraw(lock.job, now)
+                    rotation.withdraw(lock.job, lock.rank, now)
                     raise PeerTimeout(f"device {lock.device}: job {lock.job} rank {lock.rank} "
                                       f"waited {lock.timeout:g} s for round {round}; "
                                       f"{rotation.blocking()}")
@@ -68,12 +69,12 @@ class LocalArbiter:
 
     def _release(self, lock: LocalDevice) -> None:
         with self._cond:
-            self.log.write(self._rotation(lock.device).release(lock.job, time.time()))
+            self.log.write(self._rotation(lock.device).release(lock.job, lock.rank, time.time()))
             self._cond.notify_all()
 
     def _leave(self, lock: LocalDevice) -> None:
         with self._cond:
-            self.log.write(self._rotation(lock.device).leave(lock.job, time.time()))
+            self.log.write(self._rotation(lock.device).leave(lock.job, lock.rank, time.time()))
             self._cond.notify_all()
 
 

@@ -70,9 +70,13 @@ class ArbiterServer:
         poller.register(self._socket, zmq.POLLIN)
         while not stop.is_set():
             if poller.poll(TICK_S * 1000):
-                while self._socket.poll(0):
-                    self._handle(self._socket.recv_multipart(copy=True))
+                self._drain()
             self._tick()
+        self._drain()  # the releases already here go into the grant log
+
+    def _drain(self) -> None:
+        while self._socket.poll(0):
+            self._handle(self._socket.recv_multipart(copy=True))
 
     def close(self) -> None:
         self._socket.close(linger=0)
@@ -98,7 +102,7 @@ class ArbiterServer:
             here = msg.get("host") == socket.gethostname()  # else its pid means nothing
             self.clients[identity] = Client(msg["device"], msg["job"], msg["rank"],
                                             msg.get("pid") if here else None, now)
-            self._rotation(msg["device"]).join(msg["job"])
+            self._rotation(msg["device"]).join(msg["job"], msg["rank"])
             return
         client = self.clients.get(identity)
         if client is None:
@@ -109,13 +113,13 @@ class ArbiterServer:
             protocol.require(msg, "round")
             rotation.request(Request(client.job, client.rank, msg["round"], now))
         elif op == "release":
-            self.log.write(rotation.release(client.job, now))
+            self.log.write(rotation.release(client.job, client.rank, now))
         elif op == "withdraw":
-            self.log.write(rotation.withdraw(client.job, now))
+            self.log.write(rotation.withdraw(client.job, client.rank, now))
         elif op == "ping":
             self._send(identity, "status", why=rotation.blocking())
         elif op == "bye":
-            self.log.write(rotation.leave(client.job, now))
+            self.log.write(rotation.leave(client.job, client.rank, now))
             del self.clients[identity]
 
     # -- time ------------------------------------------------------------------------------
@@ -128,7 +132,7 @@ class ArbiterServer:
             if why:
                 log.warning("arbiter: device %s: job %s rank %d %s; it leaves the rotation",
                             client.device, client.job, client.rank, why)
-                self.log.write(self._revoke(rotation, client.job, now, why))
+                self.log.write(rotation.revoke(client.job, client.rank, now, why))
                 del self.clients[identity]
         for rotation in self.rotations.values():
             self.log.expire(rotation, now, self.max_hold_s)
@@ -139,21 +143,17 @@ class ArbiterServer:
     def _why_dead(self, client: Client, rotation: Rotation, now: float) -> str | None:
         if client.pid is not None and not _alive(client.pid):
             return f"process {client.pid} is gone"
-        waited_for = (rotation.holder is None and rotation.turn == client.job
-                      and rotation.waiting and client.job not in rotation.waiting)
+        member = (client.job, client.rank)
+        waited_for = (rotation.holder is None and rotation.turn == member
+                      and rotation.waiting and member not in rotation.waiting)
         if waited_for and now - client.last_seen > self.dead_after:
             return f"silent for {now - client.last_seen:.1f} s while the device waited for it"
         return None
 
-    @staticmethod
-    def _revoke(rotation: Rotation, job: str, now: float, why: str) -> Grant | None:
-        revoked = rotation.release(job, now, revoked=why)
-        rotation.leave(job, now)
-        return revoked
-
     def _grant(self, grant: Grant) -> None:
         for identity, client in self.clients.items():
-            if client.device == grant.device and client.job == grant.job:
+            if (client.device, client.job, client.rank) == (grant.device, grant.job,
+                                                             grant.rank):
                 self._send(identity, "grant", round=grant.round)
                 return
 

@@ -113,3 +113,31 @@ def test_a_sigkilled_holder_frees_the_device(tmp_path, caplog):
     assert "job a rank 0 process" in caplog.text and "is gone" in caplog.text
     grants = read_grants(tmp_path / "grants.jsonl")
     assert [(g["job"], "revoked" in g) for g in grants] == [("a", True), ("b", False)]
+
+
+def test_ranks_of_one_job_sharing_a_device_are_served_in_turn(tmp_path):
+    # `gossip launch --peers 2 --device gpu0`: both ranks of job solo on one device (the
+    # arbiter kept one request per job and device and sent every grant to rank 0).
+    errors = []
+
+    def rank_main(server, rank):
+        try:
+            with ArbiterClient(server.address, "gpu0", "solo", rank, timeout=20) as lock:
+                for rnd in range(3):
+                    with lock.compute(rnd):
+                        lock.sleep(0.005)
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    with running_arbiter(tmp_path) as server:
+        threads = [threading.Thread(target=rank_main, args=(server, r)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors
+    grants = sorted(read_grants(tmp_path / "grants.jsonl"), key=lambda g: g["t_grant"])
+    # each rank's rounds in order, the two ranks in turn (whichever said hello first first)
+    assert [g["round"] for g in grants] == [0, 0, 1, 1, 2, 2]
+    assert all(a["rank"] != b["rank"] for a, b in zip(grants, grants[1:]))
+    assert overlaps(grants) == []

@@ -98,15 +98,15 @@ def test_a_grant_held_too_long_is_revoked(tmp_path, caplog):
 
 def test_patience_zero_is_first_come_first_served():
     rotation = Rotation("d", patience_s=0)
-    rotation.join("a")
+    rotation.join("a", 0)
     rotation.request(Request("b", 0, 0, t_request=1.0))
     assert rotation.next_grant(1.0).job == "b"  # a's turn, but a is not asking
     strict = Rotation("d", patience_s=math.inf)
-    strict.join("a")
+    strict.join("a", 0)
     strict.request(Request("b", 0, 0, t_request=1.0))
     assert strict.next_grant(1.0) is None and strict.wake_at() == math.inf
     patient = Rotation("d", patience_s=0.5)
-    patient.join("a")
+    patient.join("a", 0)
     patient.request(Request("b", 0, 0, t_request=1.0))
     assert patient.next_grant(0.2) is None and patient.next_grant(0.6).job == "b"
 
@@ -118,19 +118,19 @@ def test_a_job_joining_after_another_jobs_turn_goes_next():
     rotation = Rotation("d")
     rotation.request(Request("a", 0, 0, t_request=0.0))
     assert rotation.next_grant(0.0).job == "a"
-    rotation.release("a", 0.1)
-    rotation.join("b")
+    rotation.release("a", 0, 0.1)
+    rotation.join("b", 0)
     rotation.request(Request("b", 0, 0, t_request=0.2))
     assert rotation.next_grant(0.2).job == "b"
     rotation.request(Request("a", 0, 1, t_request=0.3))
     assert rotation.next_grant(0.3) is None  # b holds it
-    rotation.release("b", 0.4)
+    rotation.release("b", 0, 0.4)
     assert rotation.next_grant(0.4).job == "a"
     late = Rotation("d")  # b joins while a holds the device: b is next, as before
     late.request(Request("a", 0, 0, t_request=0.0))
     late.next_grant(0.0)
     late.request(Request("b", 0, 0, t_request=0.05))
-    late.release("a", 0.1)
+    late.release("a", 0, 0.1)
     assert late.next_grant(0.1).job == "b"
 
 
@@ -141,11 +141,37 @@ def test_a_waiter_that_gave_up_is_never_granted_and_a_racing_grant_is_released()
     rotation.request(Request("a", 0, 0, t_request=0.0))
     rotation.next_grant(0.0)
     rotation.request(Request("b", 0, 0, t_request=0.1))
-    assert rotation.withdraw("b", 0.3) is None
-    rotation.release("a", 0.4)
+    assert rotation.withdraw("b", 0, 0.3) is None
+    rotation.release("a", 0, 0.4)
     assert rotation.next_grant(0.4) is None and not rotation.waiting
     # The grant came just before the withdraw: it is released (and logged) at once.
     rotation.request(Request("b", 0, 1, t_request=0.5))
     assert rotation.next_grant(0.5).job == "b"
-    done = rotation.withdraw("b", 0.6)
+    done = rotation.withdraw("b", 0, 0.6)
     assert (done.job, done.t_release) == ("b", 0.6) and rotation.holder is None
+
+
+def test_three_jobs_each_see_the_grant_another_thread_made_for_them(tmp_path):
+    # A release wakes every waiter; the first one up grants the device to the job whose
+    # turn it is, often another thread's. That thread must notice it holds the device (it
+    # slept through its whole timeout, then named itself the holder).
+    arbiter = LocalArbiter(grant_log=tmp_path / "grants.jsonl")
+    fake_jobs(arbiter, {"a": 20, "b": 20, "c": 20}, devices=("d0",), compute=0.001, comm=0.001)
+    grants = read_grants(tmp_path / "grants.jsonl")
+    assert sorted(g["job"] for g in grants) == ["a"] * 20 + ["b"] * 20 + ["c"] * 20
+    assert overlaps(grants) == [] and turn_breaks(grants, ["a", "b", "c"]) == 0
+
+
+def test_ranks_of_one_job_on_one_device_take_turns(tmp_path):
+    # Ranks 0 and 1 of jobs a and b all on d0: each rank is served, in turn (before, one
+    # request per job and device: rank 1 was never granted).
+    arbiter = LocalArbiter(grant_log=tmp_path / "grants.jsonl")
+    fake_jobs(arbiter, {"a": 3, "b": 3}, devices=("d0", "d0"), compute=0.001, comm=0.001)
+    grants = sorted(read_grants(tmp_path / "grants.jsonl"), key=lambda g: g["t_grant"])
+    order = [(g["job"], g["rank"]) for g in grants]
+    assert len(order) == 12 and overlaps(grants) == []
+    # strict alternation over the four ranks: the other three between two turns of one
+    # (which rank of a job joined first, and so went first, is a race of its threads)
+    for member in set(order):
+        turns = [i for i, m in enumerate(order) if m == member]
+        assert len(turns) == 3 and {b - a for a, b in zip(turns, turns[1:])} == {4}, order
