@@ -17,6 +17,7 @@ from gossip.errors import ProtocolError
 
 VERSION = 1
 MAX_BYTES = 4096
+MAX_NAME = 256  # characters of a device, job or host name
 CLIENT_OPS = ("hello", "acquire", "release", "withdraw", "ping", "bye")
 SERVER_OPS = ("grant", "status")
 _INTS = ("rank", "round", "pid")
@@ -49,7 +50,7 @@ def decode(frame: bytes, ops: tuple[str, ...]) -> dict[str, Any]:
         if key in msg and (type(msg[key]) is not int or msg[key] < 0):
             raise ProtocolError(f"{key} {msg[key]!r} is not a non-negative integer")
     for key in ("device", "job", "why", "host"):
-        if key in msg and (not isinstance(msg[key], str) or len(msg[key]) > 256):
+        if key in msg and (not isinstance(msg[key], str) or len(msg[key]) > MAX_NAME):
             raise ProtocolError(f"{key} {msg[key]!r} is not a short string")
     return msg
 
