@@ -33,10 +33,14 @@ def arbiter(address, patience, max_hold, dead_after, grant_log):
 
     from gossip.crossover.server import ArbiterServer
 
-    for name, value in (("--patience", patience), ("--max-hold", max_hold),
-                        ("--dead-after", dead_after)):
-        if not value >= 0:
-            raise ConfigError(f"{name} {value}: must be >= 0")
+    from gossip.crossover.connect import check_address
+
+    check_address(address, what="--bind", bind=True)
+    if not patience >= 0:
+        raise ConfigError(f"--patience {patience}: must be >= 0")
+    for name, value in (("--max-hold", max_hold), ("--dead-after", dead_after)):
+        if not value > 0:
+            raise ConfigError(f"{name} {value}: must be > 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         server = ArbiterServer(address, patience_s=patience, max_hold_s=max_hold,

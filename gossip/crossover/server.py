@@ -17,7 +17,7 @@ import zmq
 from gossip.crossover import protocol
 from gossip.crossover.grants import GrantLog
 from gossip.crossover.rotation import Grant, Request, Rotation
-from gossip.errors import ProtocolError
+from gossip.errors import ConfigError, ProtocolError
 
 log = logging.getLogger("gossip.crossover")
 TICK_S = 0.05  # how often leases and client processes are checked without any message
@@ -53,6 +53,8 @@ class ArbiterServer:
         self.rotations: dict[str, Rotation] = {}
         self.clients: dict[bytes, Client] = {}
         self.rejected = 0
+        if address.startswith("ipc://"):
+            _refuse_if_listening(address)
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -168,6 +170,21 @@ class ArbiterServer:
         if device not in self.rotations:
             self.rotations[device] = Rotation(device, patience_s=self.patience_s)
         return self.rotations[device]
+
+
+def _refuse_if_listening(address: str) -> None:
+    """ConfigError if an arbiter already listens at ``ipc://PATH`` (zmq's bind would
+    silently replace its socket file: jobs on the two would compute on one device at once).
+    A file nobody listens at, which a killed arbiter leaves, is taken over."""
+    path = address.removeprefix("ipc://")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"arbiter {address}: {path} is in use (another arbiter listens there)")
 
 
 def _alive(pid: int) -> bool:

@@ -4,6 +4,7 @@ ignored), and a SIGKILLed client whose device is reclaimed."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import sys
 import threading
@@ -141,3 +142,59 @@ def test_ranks_of_one_job_sharing_a_device_are_served_in_turn(tmp_path):
     assert [g["round"] for g in grants] == [0, 0, 1, 1, 2, 2]
     assert all(a["rank"] != b["rank"] for a, b in zip(grants, grants[1:]))
     assert overlaps(grants) == []
+
+
+def gossip_arbiter(*args, timeout=60):
+    """`gossip arbiter ARGS` as a user runs it; expected to exit (an error) by itself."""
+    return subprocess.run([sys.executable, "-m", "gossip", "arbiter", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_second_arbiter_at_a_path_in_use_is_refused(tmp_path):
+    # zmq's ipc bind silently replaced the first arbiter's socket: jobs on the two
+    # arbiters computed on one device at once.
+    with running_arbiter(tmp_path) as server:
+        second = gossip_arbiter("--bind", server.address)
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 1 and len(lines) == 1, second.stderr
+        assert "in use" in lines[0] and server.address.removeprefix("ipc://") in lines[0]
+        with ArbiterClient(server.address, "d0", "a", 0, timeout=10) as a:
+            with a.compute(0):  # the first one still serves at its path
+                pass
+
+
+def test_an_arbiter_reuses_the_socket_file_a_dead_one_left(tmp_path):
+    path = tmp_path / "arbiter.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))  # a file nobody listens at, as a killed arbiter leaves
+    stale.close()
+    with running_arbiter(tmp_path) as server:
+        with ArbiterClient(server.address, "d0", "a", 0, timeout=10) as a:
+            with a.compute(0):
+                pass
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["--log", "{tmp}/missing/grants.jsonl"], "{tmp}/missing/grants.jsonl"),
+    (["--max-hold", "0"], "--max-hold"), (["--dead-after", "0"], "--dead-after"),
+    (["--max-hold", "nan"], "--max-hold"), (["--patience", "-1"], "--patience"),
+])
+def test_arbiter_options_are_checked_at_start(tmp_path, args, culprit):
+    # A log in a missing directory started, then died at the first release with a
+    # traceback (every job timed out); --max-hold 0 was accepted.
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    result = gossip_arbiter("--bind", f"ipc://{tmp_path}/a.sock", *args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and culprit.replace("{tmp}", str(tmp_path)) in lines[0]
+
+
+def test_a_grant_log_that_cannot_be_written_is_logged_and_the_arbiter_goes_on(tmp_path, caplog):
+    with running_arbiter(tmp_path) as server:
+        with ArbiterClient(server.address, "d0", "a", 0, timeout=10) as a:
+            with a.compute(0):
+                (tmp_path / "grants.jsonl").unlink(missing_ok=True)
+                (tmp_path / "grants.jsonl").mkdir()  # the release's line cannot go there
+            with a.compute(1):  # the arbiter still serves
+                pass
+    assert "grant log" in caplog.text
