@@ -20,7 +20,8 @@ from gossip.errors import ConfigError
               metavar="SECONDS", help="How long a free device waits for the job whose turn "
                                       "it is (inf: strict alternation, 0: first come first served).")
 @click.option("--max-hold", type=float, default=float("inf"), show_default=True,
-              metavar="SECONDS", help="Revoke a grant held longer; its job leaves the rotation.")
+              metavar="SECONDS", help="Revoke a grant held longer while another job waits; the "
+                   "holder waits for the device again before more device time.")
 @click.option("--dead-after", type=float, default=60.0, show_default=True, metavar="SECONDS",
               help="Drop a client silent this long while the device waits for it.")
 @click.option("--log", "grant_log", type=click.Path(dir_okay=False),

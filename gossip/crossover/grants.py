@@ -48,14 +48,16 @@ class GrantLog:
             finally:
                 os.close(fd)
 
-    def expire(self, rotation: Rotation, now: float, max_hold_s: float) -> None:
-        """Revoke ``rotation``'s grant if held past ``max_hold_s``: a warning, a line."""
+    def expire(self, rotation: Rotation, now: float, max_hold_s: float) -> Grant | None:
+        """Revoke ``rotation``'s grant if held past ``max_hold_s``: a warning, a line; the
+        revoked grant (None: none)."""
         revoked = rotation.expire(now, max_hold_s)
         if revoked is not None:
             log.warning("device %s: revoked job %s rank %d's grant of round %d: %s",
                         revoked.device, revoked.job, revoked.rank, revoked.round,
                         revoked.revoked)
             self.write(revoked)
+        return revoked
 
 
 def read_grants(path: str | Path) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ devices through one ``LocalArbiter``."""
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -12,6 +13,8 @@ from gossip.crossover.base import DeviceLock
 from gossip.crossover.grants import GrantLog
 from gossip.crossover.rotation import Request, Rotation
 from gossip.errors import PeerTimeout
+
+log = logging.getLogger("gossip.crossover")
 
 
 class LocalArbiter:
@@ -49,7 +52,8 @@ class LocalArbiter:
             rotation.request(Request(lock.job, lock.rank, round, time.time()))
             while True:
                 now = time.time()
-                self.log.expire(rotation, now, self.max_hold_s)
+                if self.log.expire(rotation, now, self.max_hold_s) is not None:
+                    self._cond.notify_all()  # the revoked holder learns it in its sleep
                 if rotation.next_grant(now) is not None:
                     self._cond.notify_all()
                 # Whoever's call made the grant: a waiter woken by a release may grant the
@@ -66,6 +70,27 @@ class LocalArbiter:
                 if rotation.holder is not None:
                     wake = min(wake, rotation.holder.t_grant + self.max_hold_s - now)
                 self._cond.wait(max(wake, 0.001))
+
+    def _sleep(self, lock: LocalDevice, round: int, seconds: float) -> None:
+        """Emulated device time, paused while the grant is revoked: a holder past
+        ``max_hold_s`` waits for the device again before the rest."""
+        left = seconds
+        with self._cond:
+            rotation = self._rotation(lock.device)
+            while left > 0:
+                now = time.time()
+                if self.log.expire(rotation, now, self.max_hold_s) is not None:
+                    self._cond.notify_all()
+                if not rotation.holds(lock.job, lock.rank):
+                    log.warning("device %s: job %s rank %d: grant of round %d revoked (held "
+                                "past max_hold_s); waiting for the device again",
+                                lock.device, lock.job, lock.rank, round)
+                    self._acquire(lock, round)
+                    continue
+                start = time.monotonic()
+                self._cond.wait(max(min(left, rotation.holder.t_grant + self.max_hold_s - now),
+                                    0.001))
+                left -= time.monotonic() - start
 
     def _release(self, lock: LocalDevice) -> None:
         with self._cond:
@@ -85,11 +110,20 @@ class LocalDevice(DeviceLock):
                  timeout: float = 60.0):
         super().__init__(device, job, rank, timeout=timeout)
         self.arbiter = arbiter
+        self._round: int | None = None  # of the grant held
 
     def acquire(self, round: int) -> None:
         self.arbiter._acquire(self, round)
+        self._round = round
+
+    def sleep(self, seconds: float) -> None:
+        if self._round is None:  # not in a compute phase: nothing to hold
+            time.sleep(seconds)
+        else:
+            self.arbiter._sleep(self, self._round, seconds)
 
     def release(self, round: int) -> None:
+        self._round = None
         self.arbiter._release(self)
 
     def close(self) -> None:

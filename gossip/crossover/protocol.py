@@ -2,9 +2,12 @@
 
 Client to arbiter: ``{v: 1, op, device, job, rank, round, pid, host}`` with op ``hello`` (join
 the device's rotation), ``acquire``, ``release``, ``withdraw`` (stop waiting: the acquire
-timed out), ``ping`` (alive while waiting), ``bye`` (leave). Arbiter to client:
-``{v: 1, op: grant, round}`` or ``{v: 1, op: status, why}`` (who blocks the device, the
-answer to a ping). Every field is checked before use.
+timed out), ``ping`` (alive while waiting; with the round waited for), ``bye`` (leave). Every
+message names its sender (device, job, rank, pid, host): an arbiter restarted at the same
+address learns its clients again from them. Arbiter to client: ``{v: 1, op: grant, round}``,
+``{v: 1, op: revoked, round}`` (held past max_hold_s: wait again before more device work) or
+``{v: 1, op: status, why}`` (who blocks the device, the answer to a ping). Every field is
+checked before use.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ VERSION = 1
 MAX_BYTES = 4096
 MAX_NAME = 256  # characters of a device, job or host name
 CLIENT_OPS = ("hello", "acquire", "release", "withdraw", "ping", "bye")
-SERVER_OPS = ("grant", "status")
+SERVER_OPS = ("grant", "revoked", "status")
 _INTS = ("rank", "round", "pid")
 
 

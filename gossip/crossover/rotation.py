@@ -139,10 +139,11 @@ class Rotation:
         return self.holder
 
     def expire(self, now: float, max_hold_s: float) -> Grant | None:
-        """Revoke a grant held past ``max_hold_s``: its rank leaves the rotation (it joins
-        again with its next request). Returns the revoked grant, if any."""
+        """Revoke a grant held past ``max_hold_s`` while another rank waits for the device
+        (alone, a holder keeps it): its rank leaves the rotation (it joins again with its
+        next request). Returns the revoked grant, if any."""
         holder = self.holder
-        if holder is None or now - holder.t_grant <= max_hold_s:
+        if holder is None or not self.waiting or now - holder.t_grant <= max_hold_s:
             return None
         return self.revoke(holder.job, holder.rank, now, f"held past max_hold_s={max_hold_s}")
 

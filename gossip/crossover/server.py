@@ -99,16 +99,16 @@ class ArbiterServer:
 
     def _apply(self, identity: bytes, msg: dict) -> None:
         now, op = time.time(), msg["op"]
-        if op == "hello":
+        client = self.clients.get(identity)
+        if op == "hello" or client is None:
+            # Every message names its sender, so a client this arbiter does not know (it
+            # was restarted at the same address; the client reconnected) is taken at its word.
             protocol.require(msg, "device", "job", "rank")
             here = msg.get("host") == socket.gethostname()  # else its pid means nothing
-            self.clients[identity] = Client(msg["device"], msg["job"], msg["rank"],
-                                            msg.get("pid") if here else None, now)
-            self._rotation(msg["device"]).join(msg["job"], msg["rank"])
-            return
-        client = self.clients.get(identity)
-        if client is None:
-            raise ProtocolError(f"{op} before hello")
+            client = Client(msg["device"], msg["job"], msg["rank"],
+                            msg.get("pid") if here else None, now)
+            self.clients[identity] = client
+            self._rotation(client.device).join(client.job, client.rank)
         client.last_seen = now
         rotation = self._rotation(client.device)
         if op == "acquire":
@@ -119,6 +119,12 @@ class ArbiterServer:
         elif op == "withdraw":
             self.log.write(rotation.withdraw(client.job, client.rank, now))
         elif op == "ping":
+            # A waiting client's ping carries its round: an arbiter that lost the request
+            # (restarted since) takes it again.
+            member = (client.job, client.rank)
+            if ("round" in msg and member not in rotation.waiting
+                    and not rotation.holds(*member)):
+                rotation.request(Request(client.job, client.rank, msg["round"], now))
             self._send(identity, "status", why=rotation.blocking())
         elif op == "bye":
             self.log.write(rotation.leave(client.job, client.rank, now))
@@ -137,10 +143,12 @@ class ArbiterServer:
                 self.log.write(rotation.revoke(client.job, client.rank, now, why))
                 del self.clients[identity]
         for rotation in self.rotations.values():
-            self.log.expire(rotation, now, self.max_hold_s)
+            revoked = self.log.expire(rotation, now, self.max_hold_s)
+            if revoked is not None:  # the holder waits again before its next device work
+                self._send_to(revoked, "revoked", round=revoked.round)
             grant = rotation.next_grant(now)
             if grant is not None:
-                self._grant(grant)
+                self._send_to(grant, "grant", round=grant.round)
 
     def _why_dead(self, client: Client, rotation: Rotation, now: float) -> str | None:
         if client.pid is not None and not _alive(client.pid):
@@ -152,11 +160,12 @@ class ArbiterServer:
             return f"silent for {now - client.last_seen:.1f} s while the device waited for it"
         return None
 
-    def _grant(self, grant: Grant) -> None:
+    def _send_to(self, grant: Grant, op: str, **fields) -> None:
+        """Send to the client of ``grant``'s rank."""
         for identity, client in self.clients.items():
             if (client.device, client.job, client.rank) == (grant.device, grant.job,
                                                              grant.rank):
-                self._send(identity, "grant", round=grant.round)
+                self._send(identity, op, **fields)
                 return
 
     def _send(self, identity: bytes, op: str, **fields) -> None:

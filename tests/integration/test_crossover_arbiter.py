@@ -198,3 +198,62 @@ def test_a_grant_log_that_cannot_be_written_is_logged_and_the_arbiter_goes_on(tm
             with a.compute(1):  # the arbiter still serves
                 pass
     assert "grant log" in caplog.text
+
+
+def test_a_revoked_holder_waits_again_before_more_device_time(tmp_path, caplog):
+    # --max-hold revoked a's grant and gave b the device, but a went on computing: both
+    # computed at once while the grant log showed no overlap. Now a's device time pauses
+    # at the revocation and its rest runs after b's turn, under a new grant.
+    spans, errors = {}, []
+
+    def b_main(server, a_granted):
+        try:
+            with ArbiterClient(server.address, "d0", "b", 0, timeout=20) as b:
+                a_granted.wait(10)
+                with b.compute(0):
+                    start = time.monotonic()
+                    b.sleep(0.1)  # within max_hold_s
+                    spans["b"] = (start, time.monotonic())
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    with running_arbiter(tmp_path, max_hold_s=0.2) as server:
+        a_granted = threading.Event()
+        thread = threading.Thread(target=b_main, args=(server, a_granted))
+        with ArbiterClient(server.address, "d0", "a", 0, timeout=20) as a:
+            thread.start()
+            with a.compute(0):
+                a_granted.set()
+                start = time.monotonic()
+                a.sleep(1.0)
+                spans["a"] = (start, time.monotonic())
+        thread.join(timeout=60)
+    assert not errors, errors
+    grants = sorted(read_grants(tmp_path / "grants.jsonl"), key=lambda g: g["t_grant"])
+    assert [(g["job"], "revoked" in g) for g in grants] == [("a", True), ("b", False),
+                                                           ("a", False)]
+    assert overlaps(grants) == []
+    # a's second grant came after b released: its device time did not run during b's
+    assert grants[2]["t_grant"] >= grants[1]["t_release"]
+    (a0, a1), (b0, b1) = spans["a"], spans["b"]
+    assert a1 - a0 >= 1.0 + (b1 - b0) - 0.02  # a's second of device time plus b's turn
+    assert "waiting for the device again" in caplog.text
+
+
+def test_jobs_go_on_through_an_arbiter_restarted_at_the_same_address(tmp_path):
+    # The new arbiter knew no client ("acquire before hello"): every job timed out. Every
+    # message now names its sender, and a waiting client's ping carries its round.
+    with ArbiterClient(f"ipc://{tmp_path}/arbiter.sock", "d0", "a", 0, timeout=20) as a, \
+            ArbiterClient(f"ipc://{tmp_path}/arbiter.sock", "d0", "b", 0, timeout=20) as b:
+        with running_arbiter(tmp_path):
+            for lock in (a, b):
+                with lock.compute(0):
+                    pass
+        with running_arbiter(tmp_path):  # the same path, a new process's state
+            for rnd in (1, 2):
+                for lock in (a, b):
+                    with lock.compute(rnd):
+                        pass
+    grants = read_grants(tmp_path / "grants.jsonl")
+    assert [(g["job"], g["round"]) for g in grants] == [("a", 0), ("b", 0), ("a", 1),
+                                                       ("b", 1), ("a", 2), ("b", 2)]

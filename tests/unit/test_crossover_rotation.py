@@ -175,3 +175,46 @@ def test_ranks_of_one_job_on_one_device_take_turns(tmp_path):
     for member in set(order):
         turns = [i for i, m in enumerate(order) if m == member]
         assert len(turns) == 3 and {b - a for a, b in zip(turns, turns[1:])} == {4}, order
+
+
+def test_a_revoked_holder_waits_again_before_more_device_time(tmp_path):
+    # Revoked, a went on sleeping its device time while b computed too.
+    arbiter = LocalArbiter(max_hold_s=0.1, grant_log=tmp_path / "grants.jsonl")
+    spans, errors, a_granted = {}, [], threading.Event()
+
+    def b_main(b):
+        try:
+            a_granted.wait(10)
+            with b.compute(0):
+                start = time.monotonic()
+                b.sleep(0.05)
+                spans["b"] = (start, time.monotonic())
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    with arbiter.lock("gpu0", "a", 0, timeout=10) as a, \
+            arbiter.lock("gpu0", "b", 0, timeout=10) as b:
+        thread = threading.Thread(target=b_main, args=(b,))
+        thread.start()
+        with a.compute(0):
+            a_granted.set()
+            start = time.monotonic()
+            a.sleep(0.5)
+            spans["a"] = (start, time.monotonic())
+        thread.join(timeout=30)
+    assert not errors, errors
+    grants = sorted(read_grants(tmp_path / "grants.jsonl"), key=lambda g: g["t_grant"])
+    assert [(g["job"], "revoked" in g) for g in grants] == [("a", True), ("b", False),
+                                                           ("a", False)]
+    assert grants[2]["t_grant"] >= grants[1]["t_release"]
+    (a0, a1), (b0, b1) = spans["a"], spans["b"]
+    assert a1 - a0 >= 0.5 + (b1 - b0) - 0.01
+
+
+def test_a_lone_holder_is_not_revoked():
+    rotation = Rotation("d")
+    rotation.request(Request("a", 0, 0, t_request=0.0))
+    rotation.next_grant(0.0)
+    assert rotation.expire(10.0, max_hold_s=1.0) is None  # nobody else wants the device
+    rotation.request(Request("b", 0, 0, t_request=10.0))
+    assert rotation.expire(10.0, max_hold_s=1.0).revoked == "held past max_hold_s=1.0"
