@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gossip.crossover.base import DeviceLock
 from gossip.crossover.grants import GrantLog
-from gossip.crossover.rotation import Request, Rotation
+from gossip.crossover.rotation import Request, Rotation, check_limits
 from gossip.errors import PeerTimeout
 
 log = logging.getLogger("gossip.crossover")
@@ -29,6 +29,7 @@ class LocalArbiter:
 
     def __init__(self, *, patience_s: float = math.inf, max_hold_s: float = math.inf,
                  grant_log: str | Path | None = None):
+        check_limits(patience_s=patience_s, max_hold_s=max_hold_s)
         self.patience_s, self.max_hold_s = patience_s, max_hold_s
         self.log = GrantLog(grant_log)
         self._cond = threading.Condition()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gossip.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Request:
@@ -43,6 +45,15 @@ class Grant:
         if self.revoked is not None:
             line["revoked"] = self.revoked
         return line
+
+
+def check_limits(*, patience_s: float, max_hold_s: float) -> None:
+    """ConfigError unless ``patience_s`` >= 0 and ``max_hold_s`` > 0 (0 would revoke every
+    grant as it is made)."""
+    if not patience_s >= 0:
+        raise ConfigError(f"patience_s {patience_s}: must be >= 0")
+    if not max_hold_s > 0:
+        raise ConfigError(f"max_hold_s {max_hold_s}: must be > 0")
 
 
 Member = tuple[str, int]  # (job, rank): one rank of one job on this device

@@ -16,7 +16,7 @@ import zmq
 
 from gossip.crossover import protocol
 from gossip.crossover.grants import GrantLog
-from gossip.crossover.rotation import Grant, Request, Rotation
+from gossip.crossover.rotation import Grant, Request, Rotation, check_limits
 from gossip.errors import ConfigError, ProtocolError
 
 log = logging.getLogger("gossip.crossover")
@@ -48,6 +48,7 @@ class ArbiterServer:
     def __init__(self, address: str, *, patience_s: float = math.inf,
                  max_hold_s: float = math.inf, dead_after: float = 60.0,
                  grant_log: str | Path | None = None):
+        check_limits(patience_s=patience_s, max_hold_s=max_hold_s)
         self.patience_s, self.max_hold_s, self.dead_after = patience_s, max_hold_s, dead_after
         self.log = GrantLog(grant_log)
         self.rotations: dict[str, Rotation] = {}

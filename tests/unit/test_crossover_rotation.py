@@ -12,7 +12,7 @@ import pytest
 from gossip.crossover import LocalArbiter
 from gossip.crossover.grants import overlaps, read_grants, turn_breaks
 from gossip.crossover.rotation import Request, Rotation
-from gossip.errors import PeerTimeout
+from gossip.errors import ConfigError, PeerTimeout
 
 C, M = 0.03, 0.03
 
@@ -218,3 +218,13 @@ def test_a_lone_holder_is_not_revoked():
     assert rotation.expire(10.0, max_hold_s=1.0) is None  # nobody else wants the device
     rotation.request(Request("b", 0, 0, t_request=10.0))
     assert rotation.expire(10.0, max_hold_s=1.0).revoked == "held past max_hold_s=1.0"
+
+
+@pytest.mark.parametrize("options, culprit", [
+    ({"max_hold_s": 0}, "max_hold_s 0"), ({"max_hold_s": math.nan}, "max_hold_s nan"),
+    ({"patience_s": -1}, "patience_s -1"),
+])
+def test_an_arbiter_refuses_limits_that_cannot_work(options, culprit):
+    # max_hold_s=0 was accepted: every grant revoked as it was made.
+    with pytest.raises(ConfigError, match=culprit):
+        LocalArbiter(**options)
