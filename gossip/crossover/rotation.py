@@ -2,9 +2,9 @@
 sockets, time passed in), shared by the in-process arbiter and the arbiter process.
 
 The jobs active on a device take the compute phase in turns, in one fixed order (by job
-name, then rank: several ranks of one job on a device each get a turn) on every device. ``patience_s`` is how long a free device stays reserved for the job
-whose turn it is while that job is not yet asking: ``inf`` is strict alternation, 0 a
-first-come first-served mutex.
+name, then rank: several ranks of one job on a device each get a turn) on every device.
+``patience_s`` is how long a free device stays reserved for the rank whose turn it is while
+it is not yet asking: ``inf`` is strict alternation, 0 a first-come first-served mutex.
 """
 
 from __future__ import annotations
