@@ -5,9 +5,9 @@ experiment, whose peers are forked (gossip.zygote), run from its file as a user 
 from __future__ import annotations
 
 import json
-import tempfile
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
