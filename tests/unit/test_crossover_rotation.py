@@ -186,9 +186,9 @@ def test_a_revoked_holder_waits_again_before_more_device_time(tmp_path):
         try:
             a_granted.wait(10)
             with b.compute(0):
-                start = time.monotonic()
+                start = time.time()
                 b.sleep(0.05)
-                spans["b"] = (start, time.monotonic())
+                spans["b"] = (start, time.time())
         except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
 
@@ -198,17 +198,19 @@ def test_a_revoked_holder_waits_again_before_more_device_time(tmp_path):
         thread.start()
         with a.compute(0):
             a_granted.set()
-            start = time.monotonic()
+            start = time.time()
             a.sleep(0.5)
-            spans["a"] = (start, time.monotonic())
+            spans["a"] = (start, time.time())
         thread.join(timeout=30)
     assert not errors, errors
     grants = sorted(read_grants(tmp_path / "grants.jsonl"), key=lambda g: g["t_grant"])
     assert [(g["job"], "revoked" in g) for g in grants] == [("a", True), ("b", False),
                                                            ("a", False)]
     assert grants[2]["t_grant"] >= grants[1]["t_release"]
+    # each one's device time under its own grants (a's but for the moment it takes to learn)
     (a0, a1), (b0, b1) = spans["a"], spans["b"]
-    assert a1 - a0 >= 0.5 + (b1 - b0) - 0.01
+    assert (grants[0]["t_release"] - a0) + (a1 - grants[2]["t_grant"]) >= 0.35
+    assert grants[1]["t_grant"] <= b0 and b1 <= grants[1]["t_release"]
 
 
 def test_a_lone_holder_is_not_revoked():
