@@ -79,18 +79,15 @@ class LocalArbiter:
         with self._cond:
             rotation = self._rotation(lock.device)
             while left > 0:
-                now = time.time()
-                if self.log.expire(rotation, now, self.max_hold_s) is not None:
-                    self._cond.notify_all()
                 if not rotation.holds(lock.job, lock.rank):
                     log.warning("device %s: job %s rank %d: grant of round %d revoked (held "
                                 "past max_hold_s); waiting for the device again",
                                 lock.device, lock.job, lock.rank, round)
                     self._acquire(lock, round)
                     continue
+                # Only a waiter revokes (a lone holder keeps the device), and it notifies.
                 start = time.monotonic()
-                self._cond.wait(max(min(left, rotation.holder.t_grant + self.max_hold_s - now),
-                                    0.001))
+                self._cond.wait(left)
                 left -= time.monotonic() - start
 
     def _release(self, lock: LocalDevice) -> None:
