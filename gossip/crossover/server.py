@@ -108,6 +108,10 @@ class ArbiterServer:
             here = msg.get("host") == socket.gethostname()  # else its pid means nothing
             client = Client(msg["device"], msg["job"], msg["rank"],
                             msg.get("pid") if here else None, now)
+            for other, known in list(self.clients.items()):  # a rank's newer connection
+                if (known.device, known.job, known.rank) == (client.device, client.job,
+                                                             client.rank):
+                    del self.clients[other]                   # replaces its older one
             self.clients[identity] = client
             self._rotation(client.device).join(client.job, client.rank)
         client.last_seen = now
