@@ -85,7 +85,9 @@ class Trainer:
         self.optimizer = torch.optim.SGD(model.parameters(), lr=config.lr,
                                          momentum=config.momentum)
         if config.layer_delay:
-            emulate_device(model, config.layer_delay, self.clock.sleep)
+            # read self.clock at each sleep: a subclass's own clock (a shared device's,
+            # whose sleeps hold the device) is set after this constructor
+            emulate_device(model, config.layer_delay, lambda seconds: self.clock.sleep(seconds))
         if config.overlap:
             peer.attach(model, bucket_mb=config.bucket_mb)
         self.delays = config.delays.for_rank(peer.rank, seed=config.seed)

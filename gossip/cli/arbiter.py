@@ -20,7 +20,8 @@ from gossip.errors import ConfigError
               metavar="SECONDS", help="How long a free device waits for the job whose turn "
                                       "it is (inf: strict alternation, 0: first come first served).")
 @click.option("--max-hold", type=float, default=float("inf"), show_default=True,
-              metavar="SECONDS", help="Revoke a grant held longer; its job leaves the rotation.")
+              metavar="SECONDS", help="Revoke a grant held longer while another job waits; the "
+                   "holder waits for the device again before more device time.")
 @click.option("--dead-after", type=float, default=60.0, show_default=True, metavar="SECONDS",
               help="Drop a client silent this long while the device waits for it.")
 @click.option("--log", "grant_log", type=click.Path(dir_okay=False),
@@ -33,10 +34,14 @@ def arbiter(address, patience, max_hold, dead_after, grant_log):
 
     from gossip.crossover.server import ArbiterServer
 
-    for name, value in (("--patience", patience), ("--max-hold", max_hold),
-                        ("--dead-after", dead_after)):
-        if not value >= 0:
-            raise ConfigError(f"{name} {value}: must be >= 0")
+    from gossip.crossover.connect import check_address
+
+    check_address(address, what="--bind", bind=True)
+    if not patience >= 0:
+        raise ConfigError(f"--patience {patience}: must be >= 0")
+    for name, value in (("--max-hold", max_hold), ("--dead-after", dead_after)):
+        if not value > 0:
+            raise ConfigError(f"{name} {value}: must be > 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         server = ArbiterServer(address, patience_s=patience, max_hold_s=max_hold,

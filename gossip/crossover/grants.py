@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gossip.crossover.rotation import Grant, Rotation
+from gossip.errors import ConfigError
 
 log = logging.getLogger("gossip.crossover")
 
@@ -24,11 +25,22 @@ class GrantLog:
     def __init__(self, path: str | Path | None):
         self.path = None if path is None else Path(path)
         self._lock = threading.Lock()
+        if self.path is not None:  # a log that cannot be written fails now, not at a release
+            try:
+                self._append(b"")
+            except OSError as exc:
+                raise ConfigError(f"grant log {self.path}: {exc.strerror}") from None
 
     def write(self, grant: Grant | None) -> None:
+        """Append ``grant``'s line; a failure is logged (the arbiter keeps granting)."""
         if self.path is None or grant is None:
             return
-        data = (json.dumps(grant.as_dict()) + "\n").encode()
+        try:
+            self._append((json.dumps(grant.as_dict()) + "\n").encode())
+        except OSError as exc:
+            log.warning("grant log %s: a grant's line was lost: %s", self.path, exc.strerror)
+
+    def _append(self, data: bytes) -> None:
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -36,15 +48,16 @@ class GrantLog:
             finally:
                 os.close(fd)
 
-
-    def expire(self, rotation: Rotation, now: float, max_hold_s: float) -> None:
-        """Revoke ``rotation``'s grant if held past ``max_hold_s``: a warning, a line."""
+    def expire(self, rotation: Rotation, now: float, max_hold_s: float) -> Grant | None:
+        """Revoke ``rotation``'s grant if held past ``max_hold_s``: a warning, a line; the
+        revoked grant (None: none)."""
         revoked = rotation.expire(now, max_hold_s)
         if revoked is not None:
             log.warning("device %s: revoked job %s rank %d's grant of round %d: %s",
                         revoked.device, revoked.job, revoked.rank, revoked.round,
                         revoked.revoked)
             self.write(revoked)
+        return revoked
 
 
 def read_grants(path: str | Path) -> list[dict[str, Any]]:

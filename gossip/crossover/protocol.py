@@ -2,9 +2,12 @@
 
 Client to arbiter: ``{v: 1, op, device, job, rank, round, pid, host}`` with op ``hello`` (join
 the device's rotation), ``acquire``, ``release``, ``withdraw`` (stop waiting: the acquire
-timed out), ``ping`` (alive while waiting), ``bye`` (leave). Arbiter to client:
-``{v: 1, op: grant, round}`` or ``{v: 1, op: status, why}`` (who blocks the device, the
-answer to a ping). Every field is checked before use.
+timed out), ``ping`` (alive while waiting; with the round waited for), ``bye`` (leave). Every
+message names its sender (device, job, rank, pid, host): an arbiter restarted at the same
+address learns its clients again from them. Arbiter to client: ``{v: 1, op: grant, round}``,
+``{v: 1, op: revoked, round}`` (held past max_hold_s: wait again before more device work) or
+``{v: 1, op: status, why}`` (who blocks the device, the answer to a ping). Every field is
+checked before use.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from gossip.errors import ProtocolError
 
 VERSION = 1
 MAX_BYTES = 4096
+MAX_NAME = 256  # characters of a device, job or host name
 CLIENT_OPS = ("hello", "acquire", "release", "withdraw", "ping", "bye")
-SERVER_OPS = ("grant", "status")
+SERVER_OPS = ("grant", "revoked", "status")
 _INTS = ("rank", "round", "pid")
 
 
@@ -49,7 +53,7 @@ def decode(frame: bytes, ops: tuple[str, ...]) -> dict[str, Any]:
         if key in msg and (type(msg[key]) is not int or msg[key] < 0):
             raise ProtocolError(f"{key} {msg[key]!r} is not a non-negative integer")
     for key in ("device", "job", "why", "host"):
-        if key in msg and (not isinstance(msg[key], str) or len(msg[key]) > 256):
+        if key in msg and (not isinstance(msg[key], str) or len(msg[key]) > MAX_NAME):
             raise ProtocolError(f"{key} {msg[key]!r} is not a short string")
     return msg
 

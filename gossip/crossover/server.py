@@ -16,8 +16,8 @@ import zmq
 
 from gossip.crossover import protocol
 from gossip.crossover.grants import GrantLog
-from gossip.crossover.rotation import Grant, Request, Rotation
-from gossip.errors import ProtocolError
+from gossip.crossover.rotation import Grant, Request, Rotation, check_limits
+from gossip.errors import ConfigError, ProtocolError
 
 log = logging.getLogger("gossip.crossover")
 TICK_S = 0.05  # how often leases and client processes are checked without any message
@@ -48,11 +48,14 @@ class ArbiterServer:
     def __init__(self, address: str, *, patience_s: float = math.inf,
                  max_hold_s: float = math.inf, dead_after: float = 60.0,
                  grant_log: str | Path | None = None):
+        check_limits(patience_s=patience_s, max_hold_s=max_hold_s)
         self.patience_s, self.max_hold_s, self.dead_after = patience_s, max_hold_s, dead_after
         self.log = GrantLog(grant_log)
         self.rotations: dict[str, Rotation] = {}
         self.clients: dict[bytes, Client] = {}
         self.rejected = 0
+        if address.startswith("ipc://"):
+            _refuse_if_listening(address)
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -70,9 +73,13 @@ class ArbiterServer:
         poller.register(self._socket, zmq.POLLIN)
         while not stop.is_set():
             if poller.poll(TICK_S * 1000):
-                while self._socket.poll(0):
-                    self._handle(self._socket.recv_multipart(copy=True))
+                self._drain()
             self._tick()
+        self._drain()  # the releases already here go into the grant log
+
+    def _drain(self) -> None:
+        while self._socket.poll(0):
+            self._handle(self._socket.recv_multipart(copy=True))
 
     def close(self) -> None:
         self._socket.close(linger=0)
@@ -93,29 +100,39 @@ class ArbiterServer:
 
     def _apply(self, identity: bytes, msg: dict) -> None:
         now, op = time.time(), msg["op"]
-        if op == "hello":
+        client = self.clients.get(identity)
+        if op == "hello" or client is None:
+            # Every message names its sender, so a client this arbiter does not know (it
+            # was restarted at the same address; the client reconnected) is taken at its word.
             protocol.require(msg, "device", "job", "rank")
             here = msg.get("host") == socket.gethostname()  # else its pid means nothing
-            self.clients[identity] = Client(msg["device"], msg["job"], msg["rank"],
-                                            msg.get("pid") if here else None, now)
-            self._rotation(msg["device"]).join(msg["job"])
-            return
-        client = self.clients.get(identity)
-        if client is None:
-            raise ProtocolError(f"{op} before hello")
+            client = Client(msg["device"], msg["job"], msg["rank"],
+                            msg.get("pid") if here else None, now)
+            for other, known in list(self.clients.items()):  # a rank's newer connection
+                if (known.device, known.job, known.rank) == (client.device, client.job,
+                                                             client.rank):
+                    del self.clients[other]                   # replaces its older one
+            self.clients[identity] = client
+            self._rotation(client.device).join(client.job, client.rank)
         client.last_seen = now
         rotation = self._rotation(client.device)
         if op == "acquire":
             protocol.require(msg, "round")
             rotation.request(Request(client.job, client.rank, msg["round"], now))
         elif op == "release":
-            self.log.write(rotation.release(client.job, now))
+            self.log.write(rotation.release(client.job, client.rank, now))
         elif op == "withdraw":
-            self.log.write(rotation.withdraw(client.job, now))
+            self.log.write(rotation.withdraw(client.job, client.rank, now))
         elif op == "ping":
+            # A waiting client's ping carries its round: an arbiter that lost the request
+            # (restarted since) takes it again.
+            member = (client.job, client.rank)
+            if ("round" in msg and member not in rotation.waiting
+                    and not rotation.holds(*member)):
+                rotation.request(Request(client.job, client.rank, msg["round"], now))
             self._send(identity, "status", why=rotation.blocking())
         elif op == "bye":
-            self.log.write(rotation.leave(client.job, now))
+            self.log.write(rotation.leave(client.job, client.rank, now))
             del self.clients[identity]
 
     # -- time ------------------------------------------------------------------------------
@@ -128,33 +145,32 @@ class ArbiterServer:
             if why:
                 log.warning("arbiter: device %s: job %s rank %d %s; it leaves the rotation",
                             client.device, client.job, client.rank, why)
-                self.log.write(self._revoke(rotation, client.job, now, why))
+                self.log.write(rotation.revoke(client.job, client.rank, now, why))
                 del self.clients[identity]
         for rotation in self.rotations.values():
-            self.log.expire(rotation, now, self.max_hold_s)
+            revoked = self.log.expire(rotation, now, self.max_hold_s)
+            if revoked is not None:  # the holder waits again before its next device work
+                self._send_to(revoked, "revoked", round=revoked.round)
             grant = rotation.next_grant(now)
             if grant is not None:
-                self._grant(grant)
+                self._send_to(grant, "grant", round=grant.round)
 
     def _why_dead(self, client: Client, rotation: Rotation, now: float) -> str | None:
         if client.pid is not None and not _alive(client.pid):
             return f"process {client.pid} is gone"
-        waited_for = (rotation.holder is None and rotation.turn == client.job
-                      and rotation.waiting and client.job not in rotation.waiting)
+        member = (client.job, client.rank)
+        waited_for = (rotation.holder is None and rotation.turn == member
+                      and rotation.waiting and member not in rotation.waiting)
         if waited_for and now - client.last_seen > self.dead_after:
             return f"silent for {now - client.last_seen:.1f} s while the device waited for it"
         return None
 
-    @staticmethod
-    def _revoke(rotation: Rotation, job: str, now: float, why: str) -> Grant | None:
-        revoked = rotation.release(job, now, revoked=why)
-        rotation.leave(job, now)
-        return revoked
-
-    def _grant(self, grant: Grant) -> None:
+    def _send_to(self, grant: Grant, op: str, **fields) -> None:
+        """Send to the client of ``grant``'s rank."""
         for identity, client in self.clients.items():
-            if client.device == grant.device and client.job == grant.job:
-                self._send(identity, "grant", round=grant.round)
+            if (client.device, client.job, client.rank) == (grant.device, grant.job,
+                                                             grant.rank):
+                self._send(identity, op, **fields)
                 return
 
     def _send(self, identity: bytes, op: str, **fields) -> None:
@@ -168,6 +184,21 @@ class ArbiterServer:
         if device not in self.rotations:
             self.rotations[device] = Rotation(device, patience_s=self.patience_s)
         return self.rotations[device]
+
+
+def _refuse_if_listening(address: str) -> None:
+    """ConfigError if an arbiter already listens at ``ipc://PATH`` (zmq's bind would
+    silently replace its socket file: jobs on the two would compute on one device at once).
+    A file nobody listens at, which a killed arbiter leaves, is taken over."""
+    path = address.removeprefix("ipc://")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"arbiter {address}: {path} is in use (another arbiter listens there)")
 
 
 def _alive(pid: int) -> bool:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from gossip.cluster import unavailable_reason
 from gossip.config import TrainConfig
 from gossip.crossover.grants import overlaps, read_grants, turn_breaks
-from gossip.crossover.jobs import Job, launch_jobs
+from gossip.crossover.jobs import Job, arbiter_process, launch_jobs
 from gossip.metrics import read_jsonl
 from gossip.netutil import free_ports
 from gossip.topology import Topology
@@ -63,3 +64,24 @@ def test_the_experiment_forks_peers_that_train_as_launched_ones(launched, tmp_pa
     assert [r["loss"] for r in forked] == [r["loss"] for r in
                                            read_jsonl(launched / "a" / "peer-1.jsonl")]
     assert overlaps(read_grants(out / "dpsgd" / "crossover" / "rep-0" / "grants.jsonl")) == []
+
+
+@pytest.mark.slow
+def test_two_ranks_of_a_launch_on_one_device_take_turns(tmp_path):
+    # `gossip launch --peers 2 --device gpu0`: rank 1 waited its whole timeout ("held by
+    # job solo rank 0"): the arbiter kept one request per job and device.
+    with tempfile.TemporaryDirectory(prefix="gossip-arbiter-") as sockets:
+        address = f"ipc://{sockets}/a.sock"
+        with arbiter_process(address, patience_s=float("inf"),
+                             grant_log=tmp_path / "grants.jsonl",
+                             log_path=tmp_path / "arbiter.log"):
+            run = subprocess.run([sys.executable, "-m", "gossip", "launch", "--peers", "2",
+                                  "--rounds", "3", "--arbiter", address, "--device", "gpu0",
+                                  "--job", "solo", "--timeout", "20",
+                                  "--run-dir", str(tmp_path / "run")],
+                                 capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    grants = sorted(read_grants(tmp_path / "grants.jsonl"), key=lambda g: g["t_grant"])
+    assert sorted((g["rank"], g["round"]) for g in grants) == [(r, n) for r in range(2)
+                                                               for n in range(3)]
+    assert overlaps(grants) == []

@@ -11,6 +11,7 @@ import torch
 
 from gossip.config import TrainConfig
 from gossip.crossover import LocalArbiter
+from gossip.crossover.flock import SlicedDevice
 from gossip.crossover.grants import overlaps, read_grants, turn_breaks
 from gossip.crossover.trainer import DeviceTrainer
 from gossip.training import Trainer
@@ -26,9 +27,10 @@ JOBS = {"a": TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 4, "batch_siz
 PEERS = 3
 
 
-def run_jobs(jobs, arbiter=None):
+def run_jobs(jobs, arbiter=None, *, open_lock=None):
     """Every job's peers as threads; returns each (job, rank)'s final flat model and
-    records."""
+    records. ``open_lock(job, rank)``, if given, is each rank's device instead of
+    ``arbiter``'s."""
     models, records, errors = {}, {}, []
     steps_held = {(job, rank): [] for job in jobs for rank in range(PEERS)}
 
@@ -36,7 +38,10 @@ def run_jobs(jobs, arbiter=None):
         try:
             with peer_once_all_bound(rank, topology, config.strategy, all_bound) as peer:
                 lines, lock = [], None
-                if arbiter is None:
+                if open_lock is not None:
+                    lock = open_lock(job, rank)
+                    trainer = DeviceTrainer(peer, config, device=lock, on_round=lines.append)
+                elif arbiter is None:
                     trainer = Trainer(peer, config, on_round=lines.append)
                 else:
                     lock = arbiter.lock(f"dev{rank}", job, rank, timeout=30)
@@ -87,3 +92,18 @@ def test_jobs_sharing_devices_train_bitwise_as_alone(tmp_path):
         assert line["device_hold_s"] >= 0.01 and line["device_wait_s"] >= 0
         assert line["round_start_wall"] <= line["wall"]
     assert "device_hold_s" not in solo_records["a", 0][0]
+
+
+def test_layer_delay_on_a_sliced_device_is_held_in_slices(tmp_path):
+    # The emulated layer time is device time: the naive arm's slices hold it (the trainer
+    # bound the delay to the peer's clock before the device's clock replaced it:
+    # device_hold_s was 0.0 every round and no slice was ever taken).
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 2, "batch_size": 8,
+                                    "eval_every": 10, "seed": 1, "layer_delay": 0.002})
+    log = tmp_path / "grants.jsonl"
+    _, records, _ = run_jobs({"a": config}, open_lock=lambda job, rank: SlicedDevice(
+        tmp_path / "locks", f"dev{rank}", job, rank, slice_s=0.01, grant_log=log))
+    for rank in range(PEERS):
+        # forward and twice that in backward, for at least one layer
+        assert all(line["device_hold_s"] >= 3 * 0.002 for line in records["a", rank])
+    assert read_grants(log) and overlaps(read_grants(log)) == []

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+from click.testing import CliRunner
+
+from gossip.cli import main
 from gossip.crossover.connect import DeviceConfig, device_config
 from gossip.crossover.experiment import load_crossover
 from gossip.crossover.flock import FlockDevice, SlicedDevice
@@ -65,3 +69,33 @@ def test_the_shipped_experiment_parses():
     assert spec.jobs == ("a", "b") and spec.repeats >= 3
     assert {arm for point in spec.points for arm in point.arms} == {
         "sequential", "naive", "crossover", "fifo"}
+
+
+@pytest.mark.parametrize("address, culprit", [
+    ("tcp://127.0.0.1", "tcp://HOST:PORT"), ("tcp://127.0.0.1:", "tcp://HOST:PORT"),
+    ("tcp://:5555", "tcp://HOST:PORT"), ("tcp://h:http", "tcp://HOST:PORT"),
+    ("tcp://h:70000", "tcp://HOST:PORT"), ("tcp://h:*", "tcp://HOST:PORT"),
+    ("ipc://", "ipc://PATH"), ("ipc:///" + "x" * 120, "at most 107 bytes"),
+    ("flock:", "flock:DIR"), ("slices:", "slices:DIR"),
+])
+def test_an_address_without_its_parts_is_refused(address, culprit):
+    # Accepted before: every peer started, then died with a zmq traceback.
+    with pytest.raises(ConfigError, match=f"arbiter '{re.escape(address[:12])}.*{culprit}"):
+        device_config(None, arbiter=address)
+
+
+@pytest.mark.parametrize("field", ["job", "device"])
+def test_a_name_the_arbiter_would_reject_is_refused(field):
+    # Over 256 characters every message of the rank was rejected by the arbiter.
+    with pytest.raises(ConfigError, match=f"device: {field} 'xxx.*at most 256"):
+        device_config(None, arbiter="ipc:///tmp/a.sock", **{field: "x" * 257})
+
+
+def test_launch_refuses_a_bad_arbiter_address_before_any_peer_starts(tmp_path):
+    result = CliRunner().invoke(main, ["launch", "--peers", "2", "--rounds", "1",
+                                       "--run-dir", str(tmp_path / "run"),
+                                       "--arbiter", "tcp://127.0.0.1"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: ") and "tcp://127.0.0.1" in lines[0]
+    assert not list(tmp_path.glob("run/peer-*"))
