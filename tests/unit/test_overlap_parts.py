@@ -41,6 +41,9 @@ def test_buckets_follow_backward_order_and_tile_the_flat_buffer():
 def test_an_infinite_bucket_is_one_bucket_and_bad_caps_name_themselves():
     (only,) = plan_buckets([3, 4, 5], 4, bucket_mb=math.inf, first_bucket_mb=math.inf)
     assert (only.start, only.stop, only.indices) == (0, 12, (2, 1, 0))
+    # The first bucket's own cap does not split it either (it did above 1 MiB).
+    (only,) = plan_buckets([MIB, MIB], 4, bucket_mb=math.inf)
+    assert (only.start, only.stop) == (0, 2 * MIB)
     for bad in (0, -1.0, float("nan"), True, "4"):
         with pytest.raises(ConfigError, match="bucket_mb must be a positive number"):
             plan_buckets([3], 4, bucket_mb=bad)
