@@ -179,10 +179,10 @@ def _flat(tensors) -> torch.Tensor:
 @pytest.mark.parametrize("name, options", OVERLAP_CASES)
 def test_overlapped_buckets_at_odd_peers(name, options, size, local_topology, run_peers):
     """An odd number of peers train an MLP of odd sizes with plain SGD through
-    ``Peer.attach`` with many tiny buckets. Each step's averaged gradient is exactly what the strategy gives
-    run blocking, bucket after bucket, on the same local gradients (one instance per
-    bucket, tags ``TAG.bI``); an exact-mean strategy gives the averaged-gradient oracle,
-    bitwise the same on every peer."""
+    ``Peer.attach`` with many tiny buckets. Each step's averaged gradient is exactly what
+    the strategy gives run blocking, bucket after bucket, on the same local gradients (one
+    instance per bucket, tags ``TAG.bI``); an exact-mean strategy gives the
+    averaged-gradient oracle, bitwise the same on every peer."""
     steps, lr = 3, 0.5
     topology = local_topology("ring", size)
     # Built once: peer threads each seeding torch's global RNG and building a model would
