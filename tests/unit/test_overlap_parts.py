@@ -13,6 +13,7 @@ from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 from gossip.overlap import FlatGrads, FlatLayout, FlatParams, plan_buckets
 from gossip.overlap.buckets import MIB
+from gossip.strategies.base import base_tag, bucket_tag
 from gossip.tasks import create_task
 from gossip.tasks.deep import build_deep_mlp, parameter_count
 from gossip.tasks.emulated import emulate_device
@@ -214,3 +215,9 @@ def test_a_second_backward_into_a_sent_bucket_is_an_error_not_a_race():
                                               r"model ran 1 training forward"):
             model(torch.ones(2, 5)).sum().backward()
             peer.step(model, optimizer, minibatches=3)
+
+
+def test_bucket_tags_name_their_base_instance():
+    assert bucket_tag("ps", 3) == "ps.b3" and base_tag("ps.b3") == "ps"
+    assert base_tag("ps") == "ps" and base_tag("ring.b12") == "ring"
+    assert base_tag("ps.bx") == "ps.bx" and base_tag("a.b1.c") == "a.b1.c"
