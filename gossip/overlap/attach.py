@@ -20,6 +20,7 @@ from gossip.overlap.combine import CombineThenAdapt
 from gossip.overlap.flat import FlatGrads, FlatLayout, FlatParams
 from gossip.overlap.gradients import GradientOverlap
 from gossip.overlap.worker import CommThread
+from gossip.strategies.base import bucket_tag
 
 log = logging.getLogger("gossip.overlap")
 
@@ -126,7 +127,7 @@ def _retagged(build, index: int):
         raise ConfigError("overlap with several buckets builds one strategy per bucket: give "
                           "the peer a registered strategy name or class (one with a 'tag' "
                           "option), or bucket_mb=inf for one bucket")
-    retagged = dataclasses.replace(options, tag=f"{options.tag}.b{index}")
+    retagged = dataclasses.replace(options, tag=bucket_tag(options.tag, index))
     return functools.partial(build.func, *build.args, **{**build.keywords, "options": retagged})
 
 

@@ -9,6 +9,7 @@ in the parameters' order, each bucket is one contiguous slice of it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gossip.errors import ConfigError
@@ -49,7 +50,8 @@ def plan_buckets(numels: list[int], itemsize: int, *, bucket_mb: float = DEFAULT
     offsets = [0]
     for n in numels:
         offsets.append(offsets[-1] + n)
-    first_cap = min(first_bucket_mb, bucket_mb)
+    # inf is one bucket: the first bucket's own cap would split it again above 1 MiB.
+    first_cap = bucket_mb if math.isinf(bucket_mb) else min(first_bucket_mb, bucket_mb)
     buckets: list[Bucket] = []
     group: list[int] = []
     size = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,19 @@ CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer
 DEFAULT = "dpsgd"
 #: An exact all-reduce mean over every peer (the consensus probe measures with it).
 EXACT_MEAN = "ring-allreduce"
+_BUCKET = re.compile(r"\.b[0-9]+$")
+
+
+def bucket_tag(tag: str, index: int) -> str:
+    """The tag of bucket ``index``'s instance of a strategy tagged ``tag`` (``Peer.attach``
+    builds one instance per gradient bucket, each with its own message kinds)."""
+    return f"{tag}.b{index}"
+
+
+def base_tag(tag: str) -> str:
+    """The tag ``bucket_tag`` made ``tag`` from (``tag`` itself if it is no bucket's): a
+    rank that attached no model (a server only) has that instance alone."""
+    return _BUCKET.sub("", tag)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from gossip.errors import ConfigError, PeerTimeout, ProtocolError
+from gossip.overlap import plan_buckets, refusal
+from gossip.overlap.buckets import MIB
 from gossip.peer import Peer
 from gossip.strategies import STRATEGIES
 from gossip.transport import LoopbackHub
@@ -23,6 +25,16 @@ from support import assert_same
 CASES = [pytest.param(name, dict(options), id=f"{name}-{json.dumps(options, sort_keys=True)}")
          for name in STRATEGIES.names() for options in STRATEGIES.entry(name).options.examples]
 TIMEOUT = 5.0
+
+
+def _overlaps_gradients(name: str, options: dict) -> bool:
+    caps = STRATEGIES.strategy_class(name, options).capabilities_for(
+        STRATEGIES.options(name, options))
+    return caps["operates_on"] == "grads" and refusal(caps) is None
+
+
+# Every gradient strategy (and option set) that Peer.attach overlaps, from the registry.
+OVERLAP_CASES = [case for case in CASES if _overlaps_gradients(*case.values)]
 
 
 def rounds(run_peers, topology, name: str, options: dict, inputs: list[list[torch.Tensor]], *,
@@ -139,3 +151,115 @@ def test_every_strategy_documents_its_options_and_capabilities():
         assert row["doc"], f"{row['name']} has no docstring"
         assert all(o["doc"] for o in row["options"]), f"{row['name']}: an option without doc"
         assert row["capabilities"]["operates_on"] in ("grads", "params"), row
+
+
+# -- under overlap (Peer.attach): buckets during backward ---------------------------------
+
+LAYERS = (7, 13, 11, 9, 5)  # no size a multiple of the peer count
+TINY_BUCKETS = 40 * 8 / MIB  # about 40 float64: one or two parameters a bucket
+
+
+def _mlp() -> torch.nn.Sequential:
+    layers = []
+    for a, b in zip(LAYERS, LAYERS[1:]):
+        layers += [torch.nn.Linear(a, b, dtype=torch.float64), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def _loss(model, batch) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def _flat(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+@pytest.mark.parametrize("size", [3, 5])
+@pytest.mark.parametrize("name, options", OVERLAP_CASES)
+def test_overlapped_buckets_at_odd_peers(name, options, size, local_topology, run_peers):
+    """An odd number of peers train an MLP of odd sizes with plain SGD through
+    ``Peer.attach`` with many tiny buckets. Each step's averaged gradient is exactly what
+    the strategy gives run blocking, bucket after bucket, on the same local gradients (one
+    instance per bucket, tags ``TAG.bI``); an exact-mean strategy gives the
+    averaged-gradient oracle, bitwise the same on every peer."""
+    steps, lr = 3, 0.5
+    topology = local_topology("ring", size)
+    # Built once: peer threads each seeding torch's global RNG and building a model would
+    # race on it and start from different weights (which reproduces issue 25's "0.25
+    # off, peers differ" at three peers, whatever the buckets).
+    init = _mlp().state_dict()
+    g = torch.Generator().manual_seed(11)
+    batches = [[(torch.randn(4, LAYERS[0], generator=g, dtype=torch.float64),
+                 torch.randn(4, LAYERS[-1], generator=g, dtype=torch.float64))
+                for _ in range(size)] for _ in range(steps)]
+    bound = threading.Barrier(size, timeout=TIMEOUT)
+
+    def train(rank: int):
+        model, shadow = _mlp(), _mlp()
+        model.load_state_dict(init)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        local, averaged, after = [], [], []
+        with Peer(rank, topology, name, timeout=TIMEOUT, **options) as peer:
+            bound.wait()
+            peer.attach(model, bucket_mb=TINY_BUCKETS, first_bucket_mb=TINY_BUCKETS)
+            for step in range(steps):
+                shadow.load_state_dict(model.state_dict())  # this peer's own gradient
+                shadow.zero_grad()
+                _loss(shadow, batches[step][rank]).backward()
+                local.append(_flat(p.grad for p in shadow.parameters()))
+                optimizer.zero_grad()
+                _loss(model, batches[step][rank]).backward()
+                peer.step(model, optimizer)
+                averaged.append(_flat(p.grad for p in model.parameters()))
+                after.append(_flat(model.parameters()))
+            buckets = peer.overlap_metrics()["buckets"]
+        return torch.stack(local), torch.stack(averaged), torch.stack(after), buckets
+
+    out = run_peers(size, train, timeout=12 * TIMEOUT)
+    local, averaged, after = (torch.stack([o[i] for o in out], dim=1) for i in range(3))
+    plan = plan_buckets([p.numel() for p in _mlp().parameters()], 8,
+                        bucket_mb=TINY_BUCKETS, first_bucket_mb=TINY_BUCKETS)
+    assert len(plan) > 4 and [o[3] for o in out] == [len(plan)] * size
+
+    # The blocking strategy, bucket after bucket, on the same local gradients.
+    tag = STRATEGIES.options(name, options).tag
+    bound = threading.Barrier(size, timeout=TIMEOUT)
+
+    def blocking(rank: int) -> torch.Tensor:
+        got = torch.empty_like(local[:, rank])
+        with Peer(rank, topology, name, timeout=TIMEOUT, **options) as peer:
+            bound.wait()
+            per_bucket = [peer.strategy] + [
+                peer.add_strategy(name, **{**options, "tag": f"{tag}.b{b.index}"})
+                for b in plan[1:]]
+            for step in range(steps):
+                for b, strategy in zip(plan, per_bucket):
+                    x = local[step, rank, b.start:b.stop].clone()
+                    with peer.communicating():
+                        got[step, b.start:b.stop] = strategy.average_gradients(x, 1, step)
+        return got
+
+    expected = torch.stack(run_peers(size, blocking, timeout=12 * TIMEOUT), dim=1)
+    assert torch.isfinite(after).all()
+    for step in range(steps):
+        for rank in range(size):
+            assert torch.equal(averaged[step, rank], expected[step, rank]), (step, rank)
+
+    if STRATEGIES.strategy_class(name, options).capabilities_for(
+            STRATEGIES.options(name, options))["exact_mean"]:
+        oracle = _mlp()
+        oracle.load_state_dict(init)
+        for step in range(steps):
+            grads = []
+            for rank in range(size):
+                oracle.zero_grad()
+                _loss(oracle, batches[step][rank]).backward()
+                grads.append(_flat(p.grad for p in oracle.parameters()))
+            mean = torch.stack(grads).mean(0)
+            with torch.no_grad():
+                torch.nn.utils.vector_to_parameters(
+                    _flat(oracle.parameters()) - lr * mean, oracle.parameters())
+            for rank in range(size):
+                torch.testing.assert_close(after[step, rank], _flat(oracle.parameters()))
+                assert torch.equal(after[step, rank], after[step, 0]), "peers disagree"

@@ -126,16 +126,21 @@ def test_rank_from_environment_must_be_an_integer(tmp_path):
 
 
 @pytest.mark.slow
-def test_launch_with_a_parameter_server_rank_that_only_serves(tmp_path):
+@pytest.mark.parametrize("overlap", [[], ["--overlap", "--bucket-mb", "0.001"]],
+                         ids=["blocking", "overlap"])
+def test_launch_with_a_parameter_server_rank_that_only_serves(overlap, tmp_path):
     """`gossip peer` dispatches on the role: rank 0 serves (no metrics), the workers train
-    with the same model every round (sync ps is an exact mean)."""
+    with the same model every round (sync ps is an exact mean); with overlap the server,
+    which attaches no model, serves every bucket."""
     ports = free_ports(3)
     topo = tmp_path / "ps.yaml"
     topo.write_text(yaml.safe_dump({"size": 3, "base_port": ports[0], "servers": [0]}))
     result = gossip("launch", "--topology", str(topo), "--strategy", "ps", "--rounds", "5",
-                    "--run-dir", "run", cwd=tmp_path)
+                    "--run-dir", "run", *overlap, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "run" / "peer-0.jsonl").exists()
     last = [read_jsonl(tmp_path / "run" / f"peer-{r}.jsonl")[-1] for r in (1, 2)]
     assert last[0]["round"] == 4 and last[0]["accuracy"] == last[1]["accuracy"]
     assert "a rank only serves" in result.stdout
+    if overlap:
+        assert last[0]["buckets"] > 1

@@ -15,8 +15,9 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from gossip.errors import ConfigError, PeerGone, TransportBusy
 from gossip.overlap.buckets import MIB
+from gossip.topology import Topology
 
-from support.peers import peer_once_all_bound
+from support.peers import make_local_topology, peer_once_all_bound
 
 TIMEOUT = 10.0
 SMALL_BUCKETS = 120 * 4 / MIB  # about 120 floats: the model below makes 6 buckets
@@ -295,3 +296,51 @@ def test_overlap_refuses_what_it_would_get_wrong(strategy, options, model, messa
                 peer.attach(model)
 
     run_peers(2, main, timeout=2 * TIMEOUT)
+
+
+@pytest.mark.parametrize("servers", [[1], [0, 3]], ids=["one-server", "two-servers"])
+def test_ps_server_only_ranks_serve_every_bucket(servers, run_peers):
+    """Workers overlap ``ps`` sync with many buckets (one instance each); the server-only
+    ranks attach nothing, yet serve every bucket: the averaged gradients are the blocking
+    step's, bitwise the same on every worker."""
+    plain = make_local_topology("complete", 5)
+    data = {**plain.to_dict(), "servers": servers}
+    del data["edges"]
+    topology = Topology.from_dict(data)
+    workers = topology.roles.workers
+    all_bound = threading.Barrier(5, timeout=TIMEOUT)
+
+    def main(rank: int, mode: str):
+        model = Net()
+        with torch.no_grad():
+            for p, w in zip(model.parameters(), weights):
+                p.copy_(w)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = torch.Generator().manual_seed(100 + rank)
+        grads = []
+        with peer_once_all_bound(rank, topology, "ps", all_bound, timeout=TIMEOUT) as peer:
+            if rank not in workers:
+                peer.serve()
+                return None
+            if mode == "overlap":
+                peer.attach(model, bucket_mb=SMALL_BUCKETS, first_bucket_mb=SMALL_BUCKETS)
+            for _ in range(3):
+                optimizer.zero_grad()
+                x, y = torch.randn(6, 10, generator=batches), torch.randn(6, 3, generator=batches)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                peer.step(model, optimizer)
+                grads.append(parameters_to_vector([p.grad if p.grad is not None else
+                                                   torch.zeros_like(p) for p in
+                                                   model.parameters() if p.requires_grad]))
+            buckets = (peer.overlap_metrics() or {"buckets": 1})["buckets"]
+        return torch.stack(grads), buckets
+
+    weights = [torch.randn(p.shape, generator=torch.Generator().manual_seed(i))
+               for i, p in enumerate(Net().parameters())]
+    overlap = run_peers(5, lambda rank: main(rank, "overlap"), timeout=4 * TIMEOUT)
+    all_bound = threading.Barrier(5, timeout=TIMEOUT)
+    blocking = run_peers(5, lambda rank: main(rank, "step"), timeout=4 * TIMEOUT)
+    for w in workers:
+        assert overlap[w][1] == 6
+        torch.testing.assert_close(overlap[w][0], blocking[w][0], rtol=1e-6, atol=1e-6)
+        assert torch.equal(overlap[w][0], overlap[workers[0]][0])

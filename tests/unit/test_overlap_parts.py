@@ -13,6 +13,7 @@ from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 from gossip.overlap import FlatGrads, FlatLayout, FlatParams, plan_buckets
 from gossip.overlap.buckets import MIB
+from gossip.strategies.base import base_tag, bucket_tag
 from gossip.tasks import create_task
 from gossip.tasks.deep import build_deep_mlp, parameter_count
 from gossip.tasks.emulated import emulate_device
@@ -41,6 +42,9 @@ def test_buckets_follow_backward_order_and_tile_the_flat_buffer():
 def test_an_infinite_bucket_is_one_bucket_and_bad_caps_name_themselves():
     (only,) = plan_buckets([3, 4, 5], 4, bucket_mb=math.inf, first_bucket_mb=math.inf)
     assert (only.start, only.stop, only.indices) == (0, 12, (2, 1, 0))
+    # The first bucket's own cap does not split it either (it did above 1 MiB).
+    (only,) = plan_buckets([MIB, MIB], 4, bucket_mb=math.inf)
+    assert (only.start, only.stop) == (0, 2 * MIB)
     for bad in (0, -1.0, float("nan"), True, "4"):
         with pytest.raises(ConfigError, match="bucket_mb must be a positive number"):
             plan_buckets([3], 4, bucket_mb=bad)
@@ -211,3 +215,9 @@ def test_a_second_backward_into_a_sent_bucket_is_an_error_not_a_race():
                                               r"model ran 1 training forward"):
             model(torch.ones(2, 5)).sum().backward()
             peer.step(model, optimizer, minibatches=3)
+
+
+def test_bucket_tags_name_their_base_instance():
+    assert bucket_tag("ps", 3) == "ps.b3" and base_tag("ps.b3") == "ps"
+    assert base_tag("ps") == "ps" and base_tag("ring.b12") == "ring"
+    assert base_tag("ps.bx") == "ps.bx" and base_tag("a.b1.c") == "a.b1.c"

@@ -21,6 +21,7 @@ naming it (its shard is lost).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from gossip.errors import ConfigError, PeerGone, PeerTimeout, ProtocolError
-from gossip.strategies.base import Strategy
+from gossip.strategies.base import Strategy, base_tag
 from gossip.strategies.ps.options import PSOptions
 from gossip.strategies.ps.server import INIT_STEP, ShardServer
 from gossip.strategies.ps.shards import bounds, check_backup, participants, roles_of
@@ -52,8 +53,12 @@ class ParameterServer(Strategy):
         self.servers, self.workers = roles.servers, roles.workers
         check_backup(self.options.backup, self.workers)
         self.trains = rank in self.workers
-        self.server = (ShardServer(self.workers, self.options, self._reply, self._refuse)
-                       if rank in self.servers else None)
+        # Under overlap every gradient bucket has its own instance (tag TAG.bI); a
+        # server-only rank attached no model, so its one instance serves every bucket: a
+        # shard server per bucket tag, made at the bucket's first message.
+        self.base_tag = base_tag(self.options.tag)
+        self.shards: dict[str, ShardServer] = {}
+        self.server = self._shard(self.options.tag) if rank in self.servers else None
         self.pulls: dict[tuple[int, int], Message] = {}  # (step, shard) -> an answer
         self.refusals: dict[int, Message] = {}  # step -> a server's refusal of it
         self.clock = 0  # async/ssp: deltas pushed
@@ -143,11 +148,16 @@ class ParameterServer(Strategy):
                        lambda: f"goodbye from worker(s) {self._unfinished()}")
 
     # -- messages ------------------------------------------------------------------------------
-    def _send(self, dst: int, op: str, round: int, tensor: torch.Tensor | None, **meta):
-        """Send ``op`` to ``dst``; to ourselves it is handled at once (a copy)."""
+    def _send(self, dst: int, op: str, round: int, tensor: torch.Tensor | None, *,
+              kind: str | None = None, **meta):
+        """Send ``op`` to ``dst`` (as ``kind``, default our tag); to ourselves it is handled
+        at once (a copy). A bucket's instance reaches a server-only rank under the tag that
+        rank has, naming its bucket."""
         buffers = () if tensor is None else (tensor,)
-        msg = Message(kind=self.options.tag, round=round, meta={"op": op, **meta},
-                      buffers=buffers)
+        kind = kind or self.options.tag
+        if kind != self.base_tag and dst not in self.workers:
+            kind, meta = self.base_tag, {**meta, "bucket": kind}
+        msg = Message(kind=kind, round=round, meta={"op": op, **meta}, buffers=buffers)
         if dst == self.rank:
             own = tuple(b.clone() for b in buffers)
             self._handle(Message(kind=msg.kind, round=round, src=self.rank, meta=msg.meta,
@@ -155,12 +165,34 @@ class ParameterServer(Strategy):
             return None
         return self.transport.send(dst, msg, track=tensor is not None)
 
-    def _reply(self, worker: int, meta: dict, tensor: torch.Tensor) -> None:
-        shard = self.servers.index(self.rank)
-        self._send(worker, "pull", meta["step"], tensor, shard=shard, **meta)
+    def _shard(self, tag: str) -> ShardServer:
+        """The shard server of the instance tagged ``tag`` (made now if new)."""
+        if tag not in self.shards:
+            self.shards[tag] = ShardServer(self.workers, self.options,
+                                           functools.partial(self._reply, tag),
+                                           functools.partial(self._refuse, tag))
+        return self.shards[tag]
 
-    def _refuse(self, worker: int, step: int, stopped: int, last: int | None) -> None:
-        self._send(worker, "refuse", step, None, worker=stopped,
+    def _reply(self, tag: str, worker: int, meta: dict, tensor: torch.Tensor) -> None:
+        shard = self.servers.index(self.rank)
+        self._send(worker, "pull", meta["step"], tensor, kind=tag, shard=shard, **meta)
+
+    def _bucket_shard(self, msg: Message) -> ShardServer | None:
+        """The shard server a worker's message is for: ours, or on a server-only rank the
+        one of the bucket it names (None: a bucket this rank cannot serve, rejected)."""
+        bucket = msg.meta.get("bucket")
+        if bucket is None:
+            return self.server
+        if (self.trains or not isinstance(bucket, str) or bucket == self.options.tag
+                or base_tag(bucket) != self.options.tag):
+            self.transport.reject(f"{msg.kind} from peer {msg.src}: bucket {bucket!r} is not "
+                                  f"one of {self.options.tag!r} served here")
+            return None
+        return self._shard(bucket)
+
+    def _refuse(self, tag: str, worker: int, step: int, stopped: int,
+                last: int | None) -> None:
+        self._send(worker, "refuse", step, None, kind=tag, worker=stopped,
                    **({} if last is None else {"last": last}))
 
     def _refused(self, msg: Message, round: int) -> PeerGone:
@@ -197,7 +229,11 @@ class ParameterServer(Strategy):
                                   f"shard served here")
             return
         if op == "done":
-            self.server.goodbye(msg.src, msg.round)
+            for shard in self.shards.values():
+                shard.goodbye(msg.src, msg.round)
+            return
+        server = self._bucket_shard(msg)
+        if server is None:
             return
         n = msg.meta.get("n")
         if not isinstance(n, int) or n < 0:
@@ -205,22 +241,22 @@ class ParameterServer(Strategy):
             return
         lo, hi = bounds(n, len(self.servers))[self.servers.index(self.rank)]
         tensor = self._expect(msg, hi - lo)
-        if self.server.model is not None and op == "delta" and tensor.numel() != \
-                self.server.model.numel():
+        if server.model is not None and op == "delta" and tensor.numel() != \
+                server.model.numel():
             raise ProtocolError(f"rank {self.rank}: peer {msg.src} pushed {n} elements in all "
                                 f"(do all peers synchronize tensors of the same length?)")
         if op == "delta":
-            if self.server.model is None:
+            if server.model is None:
                 self.transport.reject(f"{msg.kind} delta from peer {msg.src} before its init")
                 return
-            self.server.delta(msg.src, int(msg.meta.get("clock", 0)), tensor)
+            server.delta(msg.src, int(msg.meta.get("clock", 0)), tensor)
         else:
-            self._check_length(msg.src, msg.round, n)
-            self.server.push(msg.src, msg.round, tensor)
+            self._check_length(server, msg.src, msg.round, n)
+            server.push(msg.src, msg.round, tensor)
 
-    def _check_length(self, src: int, step: int, n: int) -> None:
+    def _check_length(self, server: ShardServer, src: int, step: int, n: int) -> None:
         """Pushes of one step must agree on the vector's length."""
-        for other in self.server.steps.get(step, {}).values():
+        for other in server.steps.get(step, {}).values():
             lo, hi = bounds(n, len(self.servers))[self.servers.index(self.rank)]
             if other.numel() != hi - lo:
                 raise ProtocolError(f"rank {self.rank}: peer {src} pushed {n} elements in "
@@ -266,16 +302,19 @@ class ParameterServer(Strategy):
         if not dead:
             return
         if self.options.mode == "sync":
-            why = self.server.waiting_on(set(lost))
+            why = next(filter(None, (s.waiting_on(set(lost)) for s in self.shards.values())),
+                       None)
             if why is not None:
                 first = min(dead)
-                self.server.refuse_stuck(set(lost))  # the workers waiting name it too
+                for shard in self.shards.values():  # the workers waiting name it too
+                    shard.refuse_stuck(set(lost))
                 raise PeerGone(f"rank {self.rank}: parameter server cannot finish: {why} "
                                f"({lost[first].reason}; option backup lets a step go on "
                                f"without late workers)", rank=first)
         for worker in sorted(dead):  # it pushes nothing more and holds back no pull
             log.warning("rank %d: parameter server drops dead worker %d", self.rank, worker)
-            self.server.goodbye(worker)
+            for shard in self.shards.values():
+                shard.goodbye(worker)
 
     def _silent(self, wanted) -> str:
         return ", ".join(str(self.servers[k]) for step, k in wanted
