@@ -150,6 +150,10 @@ class SimTransport(Transport):
         self._poll_liveness()
         return None
 
+    def _link_up(self, rank: int) -> bool:
+        # A simulated process computes in virtual time and is alive until it ends.
+        return rank in self.linked and rank not in self.world.closed
+
     def _suspects(self):
         ended = self.world.ended_at
         if not ended:

@@ -126,6 +126,11 @@ class Transport(ABC):
         dead just now."""
         return False
 
+    def _link_up(self, rank: int) -> bool:
+        """Whether this transport's own control path (not the algorithm's messages) shows
+        ``rank``'s process running now; False where it cannot tell."""
+        return False
+
     def _never_reached(self) -> set[int]:
         """Peers whose connection never came up in the time a dead peer is given: no
         process listens at their address (a restarted peer uses it to fail fast when its
@@ -147,6 +152,15 @@ class Transport(ABC):
         self.kinds = (self.kinds or frozenset()) | frozenset(kinds)
         if receiver_checks_finite:
             self._finite_exempt |= frozenset(kinds)
+
+    def alive(self, rank: int) -> bool:
+        """Whether ``rank``'s process is known to run now, from the transport's control path
+        (ZeroMQ: our link to it is up, its I/O thread answering heartbeats; the simulator:
+        its process has not ended), never from the algorithm's messages: a peer busy
+        computing for minutes is alive. False if it said goodbye, is lost, or the transport
+        cannot tell (then waits for it end after ``timeout`` as before)."""
+        return (rank not in self.departed and rank not in self.membership.firsthand()
+                and self._link_up(rank))
 
     def delay_sends(self, seconds: float, kinds) -> None:
         """Fault injection: sleep ``seconds`` (on this transport's clock) before sending any

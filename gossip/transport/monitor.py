@@ -214,6 +214,12 @@ class LinkWatch:
         for rank in list(self.sockets):
             self.read(rank)
 
+    def up(self, rank: int) -> bool:
+        """Whether our link to ``rank`` is up now (as of the last ``read``): its process
+        answers ZMTP heartbeats from its I/O thread, however long its training loop is busy."""
+        return (rank in self._ever_up and rank not in self._down_since
+                and rank not in self._judged)
+
     def never_up(self) -> set[int]:
         """Peers whose link has not come up once in the ``dead_after`` seconds since we
         started connecting to them: nothing listens at their address."""

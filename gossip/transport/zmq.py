@@ -312,6 +312,12 @@ class ZmqTransport(Transport):
             self.membership.declare_dead(rank, reason)
         return bool(dead)
 
+    def _link_up(self, rank: int) -> bool:
+        if self._ctx is None or rank not in self._links.sockets:
+            return False
+        self._links.read(rank)
+        return self._links.up(rank)
+
     def _never_reached(self) -> set[int]:
         self._links.read_all()
         return self._links.never_up()

@@ -194,3 +194,37 @@ def test_budgets_in_samples_or_seconds_need_an_asynchronous_strategy(budget):
     with pytest.raises(ConfigError, match="budget_samples: -1 must be >= 0"):
         TrainConfig(strategy="adpsgd", budget_samples=-1)
     TrainConfig(strategy="adpsgd", **budget)
+
+
+# -- liveness: a busy neighbour is not a dead one ---------------------------------------------
+
+
+@pytest.mark.slow  # the slow peer computes longer than the timeout on purpose
+@pytest.mark.parametrize("graph, size, bipartite, slow", [("ring", 4, True, 1),
+                                                          ("line", 3, False, 1)])
+def test_a_neighbour_computing_longer_than_the_timeout_is_waited_for(local_topology, graph,
+                                                                     size, bipartite, slow):
+    """Bug 10: one peer's steps take longer than ``timeout`` (0.6 s of compute each, timeout
+    0.3 s); the others finish theirs at once and wait in ``finish`` for its reply and its
+    done. It is alive (its link answers heartbeats), so they wait instead of giving up:
+    everyone returns, nobody is declared dead, and no exchange is cut in half (lr = 0 in
+    float64: the sum of models is the initial one)."""
+    topology = local_topology(graph, size)
+    x0 = torch.randn(size, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    final, lost = [None] * size, [None] * size
+    all_bound = threading.Barrier(size, timeout=10)
+
+    def main(rank: int) -> None:
+        x = x0[rank].clone()
+        with peer_once_all_bound(rank, topology, "adpsgd", all_bound, bipartite=bipartite,
+                                 timeout=0.3, dead_after=5.0) as peer:
+            for rnd in range(3):
+                if rank == slow:
+                    time.sleep(0.6)  # computing: no message leaves this peer meanwhile
+                peer.synchronize(x, rnd, out=x)
+        final[rank], lost[rank] = x, dict(peer.transport.membership.lost)
+
+    run_in_threads(size, main, timeout=60)
+    assert lost == [{}] * size
+    torch.testing.assert_close(torch.stack(final).sum(0), x0.sum(0), rtol=1e-12, atol=1e-12)
+

@@ -223,3 +223,31 @@ def test_a_dead_worker_stops_a_sync_server_by_name_or_is_covered_by_a_backup():
             assert torch.equal(outcome[2], outcome[1])
         else:
             assert isinstance(outcome[0], PeerGone) and "worker(s) 3" in str(outcome[0]), outcome
+
+
+@pytest.mark.slow  # the workers compute longer than the timeout on purpose
+def test_a_server_waits_for_workers_computing_longer_than_the_timeout():
+    """Bug 3: ``local`` over ``ps`` with a server-only rank; between two averages each worker
+    computes 4 x 0.15 s, longer than the 0.4 s timeout, and sends nothing. The workers are
+    alive (their links answer heartbeats), so the server waits for them instead of raising
+    "no goodbye from worker(s) 0, 1", and every average is the workers' mean."""
+    topology = ps_topology(3, [2])
+    bound = threading.Barrier(3, timeout=TIMEOUT)
+
+    def main(rank: int):
+        with peer_once_all_bound(rank, topology, "local", bound, timeout=0.4, dead_after=5.0,
+                                 inner="ps", period=4) as peer:
+            if rank == 2:
+                peer.serve()
+                return dict(peer.transport.membership.lost)
+            x = torch.full((5,), float(rank), dtype=torch.float64)
+            for rnd in range(8):
+                time.sleep(0.15)  # a step's compute: nothing leaves this peer meanwhile
+                x = peer.synchronize(x, rnd)
+            return x, dict(peer.transport.membership.lost)
+
+    results = run_in_threads(3, main, timeout=4 * TIMEOUT)
+    assert results[2] == {}
+    for rank in (0, 1):
+        x, lost = results[rank]
+        assert lost == {} and torch.equal(x, torch.full((5,), 0.5, dtype=torch.float64))

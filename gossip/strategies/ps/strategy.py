@@ -30,6 +30,7 @@ from gossip.strategies.ps.options import PSOptions
 from gossip.strategies.ps.server import INIT_STEP, ShardServer
 from gossip.strategies.ps.shards import bounds, check_backup, participants, roles_of
 from gossip.transport import Message
+from gossip.transport.windowed import Silence
 
 log = logging.getLogger("gossip.ps")
 POLL_S = 0.2  # how often a wait looks at the peers known lost
@@ -95,7 +96,9 @@ class ParameterServer(Strategy):
                                        n=flat.numel(), clock=self.clock))
         wanted = [(step, k) for k in range(len(self.servers))]
         self._pump(lambda: all(key in self.pulls for key in wanted),
-                   lambda: f"answer from server(s) {self._silent(wanted)} for round {round}")
+                   lambda: f"answer from server(s) {self._silent(wanted)} for round {round}",
+                   lambda: {self.servers[k] for step, k in wanted
+                            if (step, k) not in self.pulls})
         answers = [self.pulls.pop(key) for key in wanted]
         for delivery in sent:  # our pushes were read zero-copy: wait before x may change
             if delivery is not None:
@@ -133,7 +136,8 @@ class ParameterServer(Strategy):
             # in its first round (sync steps and the async start need them all), so it waits
             # for those it heard from: none, if it never synchronized.
             self._pump(lambda: self._waiting_for() <= self.server.done,
-                       lambda: f"goodbye from worker(s) {self._unfinished()}")
+                       lambda: f"goodbye from worker(s) {self._unfinished()}",
+                       lambda: self._waiting_for() - self.server.done)
 
     # -- messages ------------------------------------------------------------------------------
     def _send(self, dst: int, op: str, round: int, tensor: torch.Tensor | None, **meta):
@@ -200,23 +204,23 @@ class ParameterServer(Strategy):
                                     f"synchronize tensors of the same length?)")
 
     # -- waiting -------------------------------------------------------------------------------
-    def _pump(self, done: Callable[[], bool], waiting: Callable[[], str]) -> None:
+    def _pump(self, done: Callable[[], bool], waiting: Callable[[], str],
+              waiting_on: Callable[[], set[int]]) -> None:
         """Handle messages until ``done()``; PeerGone for a dead server (or a dead worker a
-        sync step needs), PeerTimeout after ``timeout`` with nothing heard."""
-        clock, limit = self.transport.clock, self.transport.timeout
-        deadline = clock.monotonic() + limit
+        sync step needs). Waits as long as one of ``waiting_on()`` is alive (workers in a long
+        local period are); PeerTimeout after ``timeout`` of silence (``Silence``)."""
+        silence = Silence(self.transport)
         while not done():
             self._check_lost()
+            if silence.over(waiting_on()):
+                raise PeerTimeout(f"rank {self.rank}: no {waiting()}, and no sign of life, "
+                                  f"within {self.transport.timeout:g} s")
             try:
                 msg = self.transport.recv(kind=self.options.tag,
-                                          timeout=max(min(POLL_S, deadline - clock.monotonic()),
-                                                      0.0))
+                                          timeout=min(POLL_S, silence.left()))
             except PeerTimeout:
-                if clock.monotonic() >= deadline:
-                    raise PeerTimeout(f"rank {self.rank}: no {waiting()} within "
-                                      f"{limit:g} s") from None
                 continue
-            deadline = clock.monotonic() + limit
+            silence.heard()
             self._handle(msg)
 
     def _check_lost(self) -> None:
