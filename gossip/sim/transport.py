@@ -150,6 +150,9 @@ class SimTransport(Transport):
         self._poll_liveness()
         return None
 
+    def _linked(self) -> set[int]:
+        return set(self.linked)
+
     def _link_up(self, rank: int) -> bool:
         # A simulated process computes in virtual time and is alive until it ends.
         return rank in self.linked and rank not in self.world.closed

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from gossip.clock import REAL_TIME, Clock
-from gossip.errors import PeerTimeout, ProtocolError
+from gossip.errors import PeerGone, PeerTimeout, ProtocolError
 from gossip.transport import codec
 from gossip.transport.delivery import Delivery, SendWatch
 from gossip.transport.membership import CONTROL, Membership, Network
@@ -126,6 +126,10 @@ class Transport(ABC):
         dead just now."""
         return False
 
+    def _linked(self) -> set[int]:
+        """The ranks this transport opened a connection to (``connect`` or a send)."""
+        return set()
+
     def _link_up(self, rank: int) -> bool:
         """Whether this transport's own control path (not the algorithm's messages) shows
         ``rank``'s process running now; False where it cannot tell."""
@@ -200,7 +204,8 @@ class Transport(ABC):
 
         Raises:
             PeerTimeout: nothing matching arrived within ``timeout`` (default: self.timeout).
-            PeerGone: it never will: ``src`` is dead, or (all-peer kinds) any peer is.
+            PeerGone: it never will: ``src`` is dead or left (its goodbye came first), or
+                (all-peer kinds) any peer is dead.
             CollectiveAborted: an all-peer round abandoned because a peer rejoined.
         """
         if round is not None and round > self.membership.round:
@@ -215,6 +220,11 @@ class Transport(ABC):
         rejected_before = self.stats.messages_rejected
         while True:
             self.membership.check(src, kind, round)
+            if src in self.departed:  # per-pair FIFO: what it sent before its goodbye is here
+                raise PeerGone(f"rank {self.rank}: {self.describe(src)} left the run (said "
+                               f"goodbye) without sending the {kind or 'message'} of round "
+                               f"{round if round is not None else 'any'} this peer waits for"
+                               f"{self._rejected_since(rejected_before)}", rank=src)
             start = clock.monotonic()
             frames = self._recv_frames(max(deadline - start, 0.0))
             self.stats.wait_s += clock.monotonic() - start
@@ -222,40 +232,53 @@ class Transport(ABC):
                 continue  # woken early: a peer was declared dead
             if frames is None:
                 who = self.describe(src) if src is not None else "any peer"
-                rejected = self.stats.messages_rejected - rejected_before
-                # A neighbour whose messages are all rejected (e.g. its model diverged to NaN)
-                # looks like a silent one: say so.
-                why = (f"; {rejected} message(s) rejected meanwhile, the last: "
-                       f"{self.stats.rejections[-1]}" if rejected else "")
                 raise PeerTimeout(
                     f"rank {self.rank}: no {kind or 'message'} from {who} for round "
-                    f"{round if round is not None else 'any'} within {limit:g} s{why}"
+                    f"{round if round is not None else 'any'} within {limit:g} s"
+                    f"{self._rejected_since(rejected_before)}"
                 )
             msg = self._accept(frames, want=(src, kind, round))
             if msg is not None:
                 return msg
+
+    def _rejected_since(self, count: int) -> str:
+        """What was rejected since the rejection counter read ``count``, for an error: a
+        neighbour whose messages are all rejected (e.g. its model diverged to NaN) looks like
+        a silent one."""
+        rejected = self.stats.messages_rejected - count
+        return (f"; {rejected} message(s) rejected meanwhile, the last: "
+                f"{self.stats.rejections[-1]}" if rejected else "")
 
     def shutdown(self, timeout: float = 10.0, flush: float = 1.0) -> set[int]:
         """Say goodbye to every contact and wait for theirs, then close.
 
         Once a contact's goodbye arrived, everything it sent before has arrived too (per-pair
         FIFO) and it no longer needs anything from us. Only our own goodbyes may still be
-        queued: they get ``flush`` seconds, so closing never blocks for long.
+        queued: they get ``flush`` seconds, so closing never blocks for long. Peers we are
+        only linked to (``connect``, nothing exchanged yet, e.g. this peer took no step) get
+        a goodbye too, so they do not wait for this peer nor take its leaving for a death.
         Returns the contacts that did not say goodbye within ``timeout`` (dead or stuck).
         """
         try:
             dead = self.membership.firsthand()
-            for dst in sorted(self.contacts - dead):  # those already gone still wait for ours
+            # Linked only, nothing exchanged: told, not waited for (it needs nothing from us).
+            only_linked = self._linked() - self.contacts
+            # Those already gone still wait for ours.
+            for dst in sorted((self.contacts | only_linked) - dead):
                 try:
                     self.send(dst, Message(kind=BYE, round=-1))
                 except PeerTimeout:
                     pass
+
+            def waiting() -> set[int]:
+                # Lost peers (even only reported ones) are not waited for: they say nothing
+                # more.
+                return self.contacts - only_linked - self.departed - set(self.membership.lost)
+
             deadline = self.clock.monotonic() + timeout
-            # Lost peers (even only reported ones) are not waited for: they say nothing more.
-            while (self.contacts - self.departed - set(self.membership.lost)
-                   and self.clock.monotonic() < deadline):
+            while waiting() and self.clock.monotonic() < deadline:
                 self._pump(max(deadline - self.clock.monotonic(), 0.0), keep=False)
-            missing = self.contacts - self.departed - set(self.membership.lost)
+            missing = waiting()
             if missing:
                 log.warning("rank %d: no goodbye from %s within %g s", self.rank,
                             ", ".join(self.describe(r) for r in sorted(missing)), timeout)

@@ -312,6 +312,9 @@ class ZmqTransport(Transport):
             self.membership.declare_dead(rank, reason)
         return bool(dead)
 
+    def _linked(self) -> set[int]:
+        return set(self._push)
+
     def _link_up(self, rank: int) -> bool:
         if self._ctx is None or rank not in self._links.sockets:
             return False

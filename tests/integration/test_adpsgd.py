@@ -228,3 +228,37 @@ def test_a_neighbour_computing_longer_than_the_timeout_is_waited_for(local_topol
     assert lost == [{}] * size
     torch.testing.assert_close(torch.stack(final).sum(0), x0.sum(0), rtol=1e-12, atol=1e-12)
 
+
+def test_a_peer_that_takes_no_step_leaves_without_stalling_its_neighbours(local_topology):
+    """Bug 11: rank 2 enters and leaves ``with Peer(...)`` without a step. Its goodbye
+    reaches the neighbours it is linked to, so they neither wait for its hello nor take its
+    leaving for a death (before: they waited for its hello until ``dead_after`` declared it
+    dead)."""
+    size = 3
+    topology = local_topology("ring", size)
+    x0 = torch.randn(size, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    lost, exchanges = {}, {}
+    all_bound, left = threading.Barrier(size, timeout=10), threading.Event()
+
+    def main(rank: int) -> None:
+        x = x0[rank].clone()
+        with peer_once_all_bound(rank, topology, "adpsgd", all_bound, timeout=30,
+                                 dead_after=2.0) as peer:
+            if rank == 2:
+                return
+            left.wait(10)
+            for rnd in range(5):
+                peer.synchronize(x, rnd, out=x)
+        lost[rank], exchanges[rank] = (dict(peer.transport.membership.lost),
+                                       peer.strategy.exchanges)
+
+    def run(rank: int) -> None:
+        try:
+            main(rank)
+        finally:
+            if rank == 2:
+                left.set()
+
+    run_in_threads(size, run, timeout=60)
+    assert lost == {0: {}, 1: {}}
+    assert exchanges[0] + exchanges[1] > 0  # they went on with each other

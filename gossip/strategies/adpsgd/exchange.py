@@ -12,7 +12,8 @@ meanwhile), tells its neighbours ``done`` and answers them until each has said `
 too, so peers that stop at different times all exit, and no exchange is cut in half. A
 neighbour busy computing is waited for as long as it is alive (``Silence``), however long it
 takes. A dead neighbour is skipped: never chosen again, not waited for; an exchange under way
-with it is abandoned (its half on the dead side is lost with it).
+with it is abandoned (its half on the dead side is lost with it). A neighbour that left (its
+goodbye came, e.g. it took no step) is not waited for either.
 """
 
 from __future__ import annotations
@@ -169,8 +170,9 @@ class ADPSGD(Strategy):
     # -- liveness ------------------------------------------------------------------------------
 
     def _alive(self) -> list[int]:
-        dead = self.transport.membership.firsthand()
-        return [j for j in self.neighbors if j not in dead]
+        """The neighbours still in the run: not dead, and not gone with a goodbye."""
+        gone = self.transport.membership.firsthand() | self.transport.departed
+        return [j for j in self.neighbors if j not in gone]
 
     def _forget_dead(self) -> None:
         if self.outstanding is not None and self.outstanding[0] not in self._alive():
