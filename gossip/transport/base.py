@@ -21,6 +21,7 @@ log = logging.getLogger("gossip.transport")
 DEFAULT_MAX_PENDING_BYTES = DEFAULT_MAX_BYTES
 BYE = "bye"  # internal: the sender is done and sends nothing more
 INTERNAL = CONTROL | {BYE}  # kinds every transport accepts and handles itself
+LINK_CHECK_S = 0.1  # how often shutdown looks whether a peer it must tell can be reached
 
 
 class Transport(ABC):
@@ -256,8 +257,10 @@ class Transport(ABC):
         FIFO) and it no longer needs anything from us. Only our own goodbyes may still be
         queued: they get ``flush`` seconds, so closing never blocks for long. Peers we are
         only linked to (``connect``, nothing exchanged yet, e.g. this peer took no step) get
-        a goodbye too, so they do not wait for this peer nor take its leaving for a death.
-        Returns the contacts that did not say goodbye within ``timeout`` (dead or stuck).
+        a goodbye too, so they do not wait for this peer nor take its leaving for a death;
+        it needs their link up to leave (a peer still starting), so that much is waited for.
+        Returns the peers that did not say goodbye, or could not be told, within ``timeout``
+        (dead, stuck, or never started).
         """
         try:
             dead = self.membership.firsthand()
@@ -270,19 +273,29 @@ class Transport(ABC):
                 except PeerTimeout:
                     pass
 
-            def waiting() -> set[int]:
+            def silent() -> set[int]:
                 # Lost peers (even only reported ones) are not waited for: they say nothing
                 # more.
                 return self.contacts - only_linked - self.departed - set(self.membership.lost)
 
+            def untold() -> set[int]:
+                return {r for r in only_linked - self.departed - set(self.membership.lost)
+                        if not self._link_up(r)}
+
             deadline = self.clock.monotonic() + timeout
-            while waiting() and self.clock.monotonic() < deadline:
-                self._pump(max(deadline - self.clock.monotonic(), 0.0), keep=False)
-            missing = waiting()
+            while (silent() or untold()) and self.clock.monotonic() < deadline:
+                wait = deadline - self.clock.monotonic()
+                self._pump(max(min(wait, LINK_CHECK_S) if untold() else wait, 0.0),
+                           keep=False)
+            missing, unreached = silent(), untold()
             if missing:
                 log.warning("rank %d: no goodbye from %s within %g s", self.rank,
                             ", ".join(self.describe(r) for r in sorted(missing)), timeout)
-            return missing
+            if unreached:
+                log.warning("rank %d: could not say goodbye to %s within %g s (not reached)",
+                            self.rank, ", ".join(self.describe(r) for r in sorted(unreached)),
+                            timeout)
+            return missing | unreached
         finally:
             self.close(linger=flush)
 

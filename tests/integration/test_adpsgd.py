@@ -262,3 +262,30 @@ def test_a_peer_that_takes_no_step_leaves_without_stalling_its_neighbours(local_
     run_in_threads(size, run, timeout=60)
     assert lost == {0: {}, 1: {}}
     assert exchanges[0] + exchanges[1] > 0  # they went on with each other
+
+
+@pytest.mark.slow  # the neighbours start 1.5 s late on purpose
+def test_a_peer_that_leaves_before_its_neighbours_start_still_tells_them(local_topology):
+    """Bug 11, in a launch: rank 2 takes no step and leaves before its neighbours have even
+    bound their addresses (they start 1.5 s later, past its goodbye's 1 s flush). It waits
+    until its links are up, so its goodbye arrives: the neighbours do not wait for its
+    hello (before: they did, until ``timeout``)."""
+    size = 3
+    topology = local_topology("ring", size)
+    lost, left = {}, threading.Event()
+
+    def main(rank: int) -> None:
+        if rank != 2:
+            left.wait(10)
+            time.sleep(1.5)
+        with Peer(rank, topology, "adpsgd", timeout=5.0, dead_after=2.0) as peer:
+            if rank == 2:
+                left.set()
+                return
+            x = torch.full((4,), float(rank), dtype=torch.float64)
+            for rnd in range(3):
+                peer.synchronize(x, rnd, out=x)
+        lost[rank] = dict(peer.transport.membership.lost)
+
+    run_in_threads(size, main, timeout=60)
+    assert lost == {0: {}, 1: {}}
