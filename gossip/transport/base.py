@@ -10,6 +10,7 @@ from gossip.clock import REAL_TIME, Clock
 from gossip.errors import PeerGone, PeerTimeout, ProtocolError
 from gossip.transport import codec
 from gossip.transport.delivery import Delivery, SendWatch
+from gossip.transport.goodbye import Leaving, leave
 from gossip.transport.membership import CONTROL, Membership, Network
 from gossip.transport.message import Message
 from gossip.transport.pending import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, PendingMessages
@@ -21,7 +22,6 @@ log = logging.getLogger("gossip.transport")
 DEFAULT_MAX_PENDING_BYTES = DEFAULT_MAX_BYTES
 BYE = "bye"  # internal: the sender is done and sends nothing more
 INTERNAL = CONTROL | {BYE}  # kinds every transport accepts and handles itself
-LINK_CHECK_S = 0.1  # how often shutdown looks whether a peer it must tell can be reached
 
 
 class Transport(ABC):
@@ -74,6 +74,7 @@ class Transport(ABC):
         self._send_delay: tuple[float, frozenset[str]] = (0.0, frozenset())
         self.contacts: set[int] = set()  # ranks we sent to or heard from
         self.departed: set[int] = set()  # ranks that said goodbye
+        self.linked: set[int] = set()  # ranks we opened a connection to (subclasses keep it)
         # Dead peers, control messages, rejoin.
         self.membership = Membership(Network(
             rank=rank, size=size, clock=self.clock, describe=self.describe, send=self.send,
@@ -127,10 +128,6 @@ class Transport(ABC):
         dead just now."""
         return False
 
-    def _linked(self) -> set[int]:
-        """The ranks this transport opened a connection to (``connect`` or a send)."""
-        return set()
-
     def _link_up(self, rank: int) -> bool:
         """Whether this transport's own control path (not the algorithm's messages) shows
         ``rank``'s process running now; False where it cannot tell."""
@@ -159,11 +156,10 @@ class Transport(ABC):
             self._finite_exempt |= frozenset(kinds)
 
     def alive(self, rank: int) -> bool:
-        """Whether ``rank``'s process is known to run now, from the transport's control path
-        (ZeroMQ: our link to it is up, its I/O thread answering heartbeats; the simulator:
-        its process has not ended), never from the algorithm's messages: a peer busy
-        computing for minutes is alive. False if it said goodbye, is lost, or the transport
-        cannot tell (then waits for it end after ``timeout`` as before)."""
+        """Whether ``rank``'s process runs now, judged from the transport's control path
+        (ZeroMQ: our link to it is up, answering heartbeats), never from the algorithm's
+        messages: a peer computing for minutes is alive. False if it left, is lost, or the
+        transport cannot tell (loopback)."""
         return (rank not in self.departed and rank not in self.membership.firsthand()
                 and self._link_up(rank))
 
@@ -225,7 +221,7 @@ class Transport(ABC):
                 raise PeerGone(f"rank {self.rank}: {self.describe(src)} left the run (said "
                                f"goodbye) without sending the {kind or 'message'} of round "
                                f"{round if round is not None else 'any'} this peer waits for"
-                               f"{self._rejected_since(rejected_before)}", rank=src)
+                               f"{self.stats.rejected_since(rejected_before)}", rank=src)
             start = clock.monotonic()
             frames = self._recv_frames(max(deadline - start, 0.0))
             self.stats.wait_s += clock.monotonic() - start
@@ -236,66 +232,25 @@ class Transport(ABC):
                 raise PeerTimeout(
                     f"rank {self.rank}: no {kind or 'message'} from {who} for round "
                     f"{round if round is not None else 'any'} within {limit:g} s"
-                    f"{self._rejected_since(rejected_before)}"
+                    f"{self.stats.rejected_since(rejected_before)}"
                 )
             msg = self._accept(frames, want=(src, kind, round))
             if msg is not None:
                 return msg
 
-    def _rejected_since(self, count: int) -> str:
-        """What was rejected since the rejection counter read ``count``, for an error: a
-        neighbour whose messages are all rejected (e.g. its model diverged to NaN) looks like
-        a silent one."""
-        rejected = self.stats.messages_rejected - count
-        return (f"; {rejected} message(s) rejected meanwhile, the last: "
-                f"{self.stats.rejections[-1]}" if rejected else "")
-
     def shutdown(self, timeout: float = 10.0, flush: float = 1.0) -> set[int]:
-        """Say goodbye to every contact and wait for theirs, then close.
-
-        Once a contact's goodbye arrived, everything it sent before has arrived too (per-pair
-        FIFO) and it no longer needs anything from us. Only our own goodbyes may still be
-        queued: they get ``flush`` seconds, so closing never blocks for long. Peers we are
-        only linked to (``connect``, nothing exchanged yet, e.g. this peer took no step) get
-        a goodbye too, so they do not wait for this peer nor take its leaving for a death;
-        it needs their link up to leave (a peer still starting), so that much is waited for.
-        Returns the peers that did not say goodbye, or could not be told, within ``timeout``
-        (dead, stuck, or never started).
-        """
+        """Say goodbye to every contact and every peer linked to, wait for the contacts'
+        goodbyes (goodbye.py), then close. Only our own goodbyes may still be queued: they get
+        ``flush`` seconds, so closing never blocks for long. Returns the peers that did not
+        say goodbye, or could not be told, within ``timeout`` (dead, stuck, never started)."""
         try:
-            dead = self.membership.firsthand()
-            # Linked only, nothing exchanged: told, not waited for (it needs nothing from us).
-            only_linked = self._linked() - self.contacts
-            # Those already gone still wait for ours.
-            for dst in sorted((self.contacts | only_linked) - dead):
-                try:
-                    self.send(dst, Message(kind=BYE, round=-1))
-                except PeerTimeout:
-                    pass
-
-            def silent() -> set[int]:
-                # Lost peers (even only reported ones) are not waited for: they say nothing
-                # more.
-                return self.contacts - only_linked - self.departed - set(self.membership.lost)
-
-            def untold() -> set[int]:
-                return {r for r in only_linked - self.departed - set(self.membership.lost)
-                        if not self._link_up(r)}
-
-            deadline = self.clock.monotonic() + timeout
-            while (silent() or untold()) and self.clock.monotonic() < deadline:
-                wait = deadline - self.clock.monotonic()
-                self._pump(max(min(wait, LINK_CHECK_S) if untold() else wait, 0.0),
-                           keep=False)
-            missing, unreached = silent(), untold()
-            if missing:
-                log.warning("rank %d: no goodbye from %s within %g s", self.rank,
-                            ", ".join(self.describe(r) for r in sorted(missing)), timeout)
-            if unreached:
-                log.warning("rank %d: could not say goodbye to %s within %g s (not reached)",
-                            self.rank, ", ".join(self.describe(r) for r in sorted(unreached)),
-                            timeout)
-            return missing | unreached
+            return leave(Leaving(
+                rank=self.rank, clock=self.clock, describe=self.describe,
+                contacts=self.contacts, departed=self.departed, linked=self.linked,
+                lost=lambda: set(self.membership.lost), dead=self.membership.firsthand(),
+                say_goodbye=lambda dst: self.send(dst, Message(kind=BYE, round=-1)),
+                pump=lambda t: self._pump(t, keep=False),
+                link_up=self._link_up), timeout)
         finally:
             self.close(linger=flush)
 

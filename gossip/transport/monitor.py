@@ -215,8 +215,11 @@ class LinkWatch:
             self.read(rank)
 
     def up(self, rank: int) -> bool:
-        """Whether our link to ``rank`` is up now (as of the last ``read``): its process
-        answers ZMTP heartbeats from its I/O thread, however long its training loop is busy."""
+        """Whether our link to ``rank`` is up now: its process answers ZMTP heartbeats from
+        its I/O thread, however long its training loop is busy."""
+        if rank not in self.sockets:
+            return False
+        self.read(rank)
         return (rank in self._ever_up and rank not in self._down_since
                 and rank not in self._judged)
 

@@ -136,6 +136,7 @@ class ZmqTransport(Transport):
                                      f"{len(self.endpoints)})")
             sock = push_socket(self._ctx, dst, timeout=self.timeout, keys=self.keys)
             self._links.add(dst, sock)
+            self.linked.add(dst)
             endpoint = self.endpoints[dst]
             sock.connect((self.use_ipc and self.endpoints.twin(dst)) or endpoint)
             self._push[dst] = sock
@@ -312,14 +313,8 @@ class ZmqTransport(Transport):
             self.membership.declare_dead(rank, reason)
         return bool(dead)
 
-    def _linked(self) -> set[int]:
-        return set(self._push)
-
     def _link_up(self, rank: int) -> bool:
-        if self._ctx is None or rank not in self._links.sockets:
-            return False
-        self._links.read(rank)
-        return self._links.up(rank)
+        return self._ctx is not None and self._links.up(rank)
 
     def _never_reached(self) -> set[int]:
         self._links.read_all()
