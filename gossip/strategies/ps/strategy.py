@@ -97,8 +97,7 @@ class ParameterServer(Strategy):
         wanted = [(step, k) for k in range(len(self.servers))]
         self._pump(lambda: all(key in self.pulls for key in wanted),
                    lambda: f"answer from server(s) {self._silent(wanted)} for round {round}",
-                   lambda: {self.servers[k] for step, k in wanted
-                            if (step, k) not in self.pulls})
+                   lambda: self._awaited(wanted))
         answers = [self.pulls.pop(key) for key in wanted]
         for delivery in sent:  # our pushes were read zero-copy: wait before x may change
             if delivery is not None:
@@ -252,6 +251,12 @@ class ParameterServer(Strategy):
     def _silent(self, wanted) -> str:
         return ", ".join(str(self.servers[k]) for step, k in wanted
                          if (step, k) not in self.pulls)
+
+    def _awaited(self, wanted) -> set[int]:
+        """Whom a worker's wait for its answers depends on: the servers yet to answer, and,
+        if one is this rank, the workers whose pushes its own shard may still need."""
+        servers = {self.servers[k] for step, k in wanted if (step, k) not in self.pulls}
+        return servers | set(self.workers) if self.rank in servers else servers
 
     def _waiting_for(self) -> set[int]:
         return set(self.workers) if not self.trains else self.server.heard
