@@ -34,7 +34,9 @@ class TrainConfig:
         alpha: Dirichlet concentration (smaller is more skewed).
         seed: Seeds data split, model init and batches; equal on all peers.
         eval_every: Rounds between consensus measurements (and at the last round).
-        timeout: Seconds to wait for any one message before giving up on a peer.
+        timeout: Seconds to wait for any one message before giving up on a peer (a lockstep
+            round's receive); waits that serve (ps, adpsgd) give up only after this long
+            without a message or a heartbeat, so a busy peer is waited for.
         dead_after: Seconds a peer's connection may stay broken before the peer is declared
             dead (gossip drops it, all-reduce stops naming it); keep it below ``timeout``.
         checkpoint_every: Write this peer's checkpoint every this many rounds (0: never); a

@@ -38,7 +38,9 @@ def _train_options(fn):
         click.option("--partition", help="Data split over peers: iid or dirichlet."),
         click.option("--alpha", type=float, help="Dirichlet concentration (non-iid skew)."),
         click.option("--seed", type=int, help="Seed of data split, init and batches."),
-        click.option("--timeout", type=float, help="Seconds to wait for a peer's message."),
+        click.option("--timeout", type=float,
+                     help="Seconds to wait for a peer's message (ps and adpsgd wait as long "
+                          "as the peer is alive)."),
         click.option("--dead-after", type=float, metavar="SECONDS",
                      help="Declare a peer dead once its connection stayed broken this long "
                           "(gossip drops it, all-reduce stops naming it). Default 5."),

@@ -110,7 +110,6 @@ class SimTransport(Transport):
         super().__init__(rank, size=world.size,
                          clock=SimClock(world.scheduler, world.compute), **kwargs)
         self.world, self.dead_after = world, dead_after
-        self.linked: set[int] = set()  # whose death we notice (ZeroMQ: our PUSH sockets)
         self._judged: set[int] = set()
 
     def connect(self, ranks) -> None:
@@ -149,6 +148,10 @@ class SimTransport(Transport):
             return inbox.popleft()
         self._poll_liveness()
         return None
+
+    def _link_up(self, rank: int) -> bool:
+        # A simulated process computes in virtual time and is alive until it ends.
+        return rank in self.linked and rank not in self.world.closed
 
     def _suspects(self):
         ended = self.world.ended_at

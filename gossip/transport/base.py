@@ -7,9 +7,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from gossip.clock import REAL_TIME, Clock
-from gossip.errors import PeerTimeout, ProtocolError
+from gossip.errors import PeerGone, PeerTimeout, ProtocolError
 from gossip.transport import codec
 from gossip.transport.delivery import Delivery, SendWatch
+from gossip.transport.goodbye import Leaving, leave
 from gossip.transport.membership import CONTROL, Membership, Network
 from gossip.transport.message import Message
 from gossip.transport.pending import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, PendingMessages
@@ -73,6 +74,7 @@ class Transport(ABC):
         self._send_delay: tuple[float, frozenset[str]] = (0.0, frozenset())
         self.contacts: set[int] = set()  # ranks we sent to or heard from
         self.departed: set[int] = set()  # ranks that said goodbye
+        self.linked: set[int] = set()  # ranks we opened a connection to (subclasses keep it)
         # Dead peers, control messages, rejoin.
         self.membership = Membership(Network(
             rank=rank, size=size, clock=self.clock, describe=self.describe, send=self.send,
@@ -126,6 +128,11 @@ class Transport(ABC):
         dead just now."""
         return False
 
+    def _link_up(self, rank: int) -> bool:
+        """Whether this transport's own control path (not the algorithm's messages) shows
+        ``rank``'s process running now; False where it cannot tell."""
+        return False
+
     def _never_reached(self) -> set[int]:
         """Peers whose connection never came up in the time a dead peer is given: no
         process listens at their address (a restarted peer uses it to fail fast when its
@@ -147,6 +154,14 @@ class Transport(ABC):
         self.kinds = (self.kinds or frozenset()) | frozenset(kinds)
         if receiver_checks_finite:
             self._finite_exempt |= frozenset(kinds)
+
+    def alive(self, rank: int) -> bool:
+        """Whether ``rank``'s process runs now, judged from the transport's control path
+        (ZeroMQ: our link to it is up, answering heartbeats), never from the algorithm's
+        messages: a peer computing for minutes is alive. False if it left, is lost, or the
+        transport cannot tell (loopback)."""
+        return (rank not in self.departed and rank not in self.membership.firsthand()
+                and self._link_up(rank))
 
     def delay_sends(self, seconds: float, kinds) -> None:
         """Fault injection: sleep ``seconds`` (on this transport's clock) before sending any
@@ -186,7 +201,8 @@ class Transport(ABC):
 
         Raises:
             PeerTimeout: nothing matching arrived within ``timeout`` (default: self.timeout).
-            PeerGone: it never will: ``src`` is dead, or (all-peer kinds) any peer is.
+            PeerGone: it never will: ``src`` is dead or left (its goodbye came first), or
+                (all-peer kinds) any peer is dead.
             CollectiveAborted: an all-peer round abandoned because a peer rejoined.
         """
         if round is not None and round > self.membership.round:
@@ -201,6 +217,11 @@ class Transport(ABC):
         rejected_before = self.stats.messages_rejected
         while True:
             self.membership.check(src, kind, round)
+            if src in self.departed:  # per-pair FIFO: what it sent before its goodbye is here
+                raise PeerGone(f"rank {self.rank}: {self.describe(src)} left the run (said "
+                               f"goodbye) without sending the {kind or 'message'} of round "
+                               f"{round if round is not None else 'any'} this peer waits for"
+                               f"{self.stats.rejected_since(rejected_before)}", rank=src)
             start = clock.monotonic()
             frames = self._recv_frames(max(deadline - start, 0.0))
             self.stats.wait_s += clock.monotonic() - start
@@ -208,44 +229,28 @@ class Transport(ABC):
                 continue  # woken early: a peer was declared dead
             if frames is None:
                 who = self.describe(src) if src is not None else "any peer"
-                rejected = self.stats.messages_rejected - rejected_before
-                # A neighbour whose messages are all rejected (e.g. its model diverged to NaN)
-                # looks like a silent one: say so.
-                why = (f"; {rejected} message(s) rejected meanwhile, the last: "
-                       f"{self.stats.rejections[-1]}" if rejected else "")
                 raise PeerTimeout(
                     f"rank {self.rank}: no {kind or 'message'} from {who} for round "
-                    f"{round if round is not None else 'any'} within {limit:g} s{why}"
+                    f"{round if round is not None else 'any'} within {limit:g} s"
+                    f"{self.stats.rejected_since(rejected_before)}"
                 )
             msg = self._accept(frames, want=(src, kind, round))
             if msg is not None:
                 return msg
 
     def shutdown(self, timeout: float = 10.0, flush: float = 1.0) -> set[int]:
-        """Say goodbye to every contact and wait for theirs, then close.
-
-        Once a contact's goodbye arrived, everything it sent before has arrived too (per-pair
-        FIFO) and it no longer needs anything from us. Only our own goodbyes may still be
-        queued: they get ``flush`` seconds, so closing never blocks for long.
-        Returns the contacts that did not say goodbye within ``timeout`` (dead or stuck).
-        """
+        """Say goodbye to every contact and every peer linked to, wait for the contacts'
+        goodbyes (goodbye.py), then close. Only our own goodbyes may still be queued: they get
+        ``flush`` seconds, so closing never blocks for long. Returns the peers that did not
+        say goodbye, or could not be told, within ``timeout`` (dead, stuck, never started)."""
         try:
-            dead = self.membership.firsthand()
-            for dst in sorted(self.contacts - dead):  # those already gone still wait for ours
-                try:
-                    self.send(dst, Message(kind=BYE, round=-1))
-                except PeerTimeout:
-                    pass
-            deadline = self.clock.monotonic() + timeout
-            # Lost peers (even only reported ones) are not waited for: they say nothing more.
-            while (self.contacts - self.departed - set(self.membership.lost)
-                   and self.clock.monotonic() < deadline):
-                self._pump(max(deadline - self.clock.monotonic(), 0.0), keep=False)
-            missing = self.contacts - self.departed - set(self.membership.lost)
-            if missing:
-                log.warning("rank %d: no goodbye from %s within %g s", self.rank,
-                            ", ".join(self.describe(r) for r in sorted(missing)), timeout)
-            return missing
+            return leave(Leaving(
+                rank=self.rank, clock=self.clock, describe=self.describe,
+                contacts=self.contacts, departed=self.departed, linked=self.linked,
+                lost=lambda: set(self.membership.lost), dead=self.membership.firsthand(),
+                say_goodbye=lambda dst: self.send(dst, Message(kind=BYE, round=-1)),
+                pump=lambda t: self._pump(t, keep=False),
+                link_up=self._link_up), timeout)
         finally:
             self.close(linger=flush)
 

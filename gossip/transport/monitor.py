@@ -235,9 +235,10 @@ class LinkWatch:
         for rank in list(self.sockets):
             self.read(rank)
 
-    def is_up(self, rank: int) -> bool | None:
-        """Whether our link to ``rank`` is up now; None if we have none or it never came up
-        (events read first)."""
+    def up(self, rank: int) -> bool | None:
+        """Whether our link to ``rank`` is up now (events read first): its process answers
+        ZMTP heartbeats from its I/O thread, however long its training loop is busy. None if
+        we have no link to it or it never came up."""
         if rank not in self.sockets or rank not in self._ever_up:
             return None
         self.read(rank)

@@ -55,6 +55,13 @@ class TransportStats:
         if nbytes:
             self._kind(REJECTED)["bytes_recv"] += nbytes
 
+    def rejected_since(self, count: int) -> str:
+        """The rejections since ``messages_rejected`` read ``count``, for an error: a
+        neighbour whose messages are all rejected (e.g. a model gone NaN) looks silent."""
+        rejected = self.messages_rejected - count
+        return (f"; {rejected} message(s) rejected meanwhile, the last: "
+                f"{self.rejections[-1]}" if rejected else "")
+
     def _kind(self, kind: str) -> dict[str, int]:
         counts = self.by_kind.get(kind)
         if counts is None:

@@ -1,8 +1,12 @@
 """Receives that are not keyed by one round: the newest message in a window of rounds
 (bounded staleness) and any message of a kind already here (asynchronous strategies, which
-have no rounds). Both go through the transport's own checks, counters and buffer."""
+have no rounds). Both go through the transport's own checks, counters and buffer. And
+``Silence``, the limit of a wait that serves while it waits (asynchronous strategies,
+parameter servers)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from gossip.errors import ProtocolError
 from gossip.transport.base import Transport
@@ -75,3 +79,31 @@ def wait_any(transport: Transport, timeout: float) -> bool:
     """Wait up to ``timeout`` seconds for any message and keep it for a later receive;
     False if none came."""
     return transport._pump(timeout)
+
+
+class Silence:
+    """How long a wait has heard nothing from the peers it waits on: no message, and no
+    sign of life from the transport's control path (``Transport.alive``). ``over`` once
+    that lasted ``transport.timeout`` seconds. A peer that computes for longer (a long local
+    period, a slow partner) is alive, so it is waited for; a dead one is declared dead by
+    the transport after ``dead_after`` and the caller stops waiting for it."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self.heard()
+
+    def heard(self) -> None:
+        """A message came: the silence starts again."""
+        self.deadline = self.transport.clock.monotonic() + self.transport.timeout
+
+    def over(self, waiting_on: Iterable[int]) -> bool:
+        """Whether the wait should give up: none of ``waiting_on`` is alive and nothing was
+        heard for ``timeout`` seconds."""
+        if any(self.transport.alive(rank) for rank in waiting_on):
+            self.heard()
+            return False
+        return self.transport.clock.monotonic() >= self.deadline
+
+    def left(self) -> float:
+        """Seconds until ``over`` (0 when due)."""
+        return max(self.deadline - self.transport.clock.monotonic(), 0.0)

@@ -136,16 +136,15 @@ class ZmqTransport(Transport):
                 raise TransportError(f"rank {self.rank}: no peer {dst} (there are "
                                      f"{len(self.endpoints)})")
             endpoint = self.endpoints[dst]
-            sock = push_socket(self._ctx, dst, timeout=self.timeout, keys=self.keys,
-                               ipv6=is_ipv6(endpoint))
+            sock = push_socket(self._ctx, dst, self.timeout, self.keys, is_ipv6(endpoint))
             self._links.add(dst, sock)
+            self.linked.add(dst)
             sock.connect((self.use_ipc and self.endpoints.twin(dst)) or endpoint)
             self._push[dst] = sock
         return sock
 
     def locate(self, endpoints: Sequence[str], local: set[int]) -> None:
-        """Where the other ranks listen (a rendezvous's answer) and which share this
-        machine; before anything is sent."""
+        """Where the other ranks listen and which share this machine (a rendezvous)."""
         self.endpoints.locate(endpoints, local)
 
     def repoint(self, rank: int, endpoint: str, *, local: bool = False) -> None:
@@ -292,7 +291,7 @@ class ZmqTransport(Transport):
     def _watch_connections(self) -> bool:
         """Read the connection monitors; True if a peer was just declared dead."""
         self._watch.read()
-        self._watch.judge(link_up=self._links.is_up)
+        self._watch.judge(link_up=self._links.up)
         return self._poll_liveness()
 
     def _sender(self, frames: list) -> int | None:
@@ -313,6 +312,9 @@ class ZmqTransport(Transport):
         for rank, reason in dead:
             self.membership.declare_dead(rank, reason)
         return bool(dead)
+
+    def _link_up(self, rank: int) -> bool:
+        return self._ctx is not None and self._links.up(rank)
 
     def _never_reached(self) -> set[int]:
         self._links.read_all()

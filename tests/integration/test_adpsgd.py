@@ -228,3 +228,98 @@ def test_budgets_in_samples_or_seconds_need_an_asynchronous_strategy(budget):
     with pytest.raises(ConfigError, match="budget_samples: -1 must be >= 0"):
         TrainConfig(strategy="adpsgd", budget_samples=-1)
     TrainConfig(strategy="adpsgd", **budget)
+
+
+# -- liveness: a busy neighbour is not a dead one ---------------------------------------------
+
+
+@pytest.mark.slow  # the slow peer computes longer than the timeout on purpose
+@pytest.mark.parametrize("graph, size, bipartite, slow", [("ring", 4, True, 1),
+                                                          ("line", 3, False, 1)])
+def test_a_neighbour_computing_longer_than_the_timeout_is_waited_for(local_topology, graph,
+                                                                     size, bipartite, slow):
+    """Bug 10: one peer's steps take longer than ``timeout`` (0.6 s of compute each, timeout
+    0.3 s); the others finish theirs at once and wait in ``finish`` for its reply and its
+    done. It is alive (its link answers heartbeats), so they wait instead of giving up:
+    everyone returns, nobody is declared dead, and no exchange is cut in half (lr = 0 in
+    float64: the sum of models is the initial one)."""
+    topology = local_topology(graph, size)
+    x0 = torch.randn(size, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    final, lost = [None] * size, [None] * size
+    all_bound = threading.Barrier(size, timeout=10)
+
+    def main(rank: int) -> None:
+        x = x0[rank].clone()
+        with peer_once_all_bound(rank, topology, "adpsgd", all_bound, bipartite=bipartite,
+                                 timeout=0.3, dead_after=5.0) as peer:
+            for rnd in range(3):
+                if rank == slow:
+                    time.sleep(0.6)  # computing: no message leaves this peer meanwhile
+                peer.synchronize(x, rnd, out=x)
+        final[rank], lost[rank] = x, dict(peer.transport.membership.lost)
+
+    run_in_threads(size, main, timeout=60)
+    assert lost == [{}] * size
+    torch.testing.assert_close(torch.stack(final).sum(0), x0.sum(0), rtol=1e-12, atol=1e-12)
+
+
+def test_a_peer_that_takes_no_step_leaves_without_stalling_its_neighbours(local_topology):
+    """Bug 11: rank 2 enters and leaves ``with Peer(...)`` without a step. Its goodbye
+    reaches the neighbours it is linked to, so they neither wait for its hello nor take its
+    leaving for a death (before: they waited for its hello until ``dead_after`` declared it
+    dead)."""
+    size = 3
+    topology = local_topology("ring", size)
+    x0 = torch.randn(size, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    lost, exchanges = {}, {}
+    all_bound, left = threading.Barrier(size, timeout=10), threading.Event()
+
+    def main(rank: int) -> None:
+        x = x0[rank].clone()
+        with peer_once_all_bound(rank, topology, "adpsgd", all_bound, timeout=30,
+                                 dead_after=2.0) as peer:
+            if rank == 2:
+                return
+            left.wait(10)
+            for rnd in range(5):
+                peer.synchronize(x, rnd, out=x)
+        lost[rank], exchanges[rank] = (dict(peer.transport.membership.lost),
+                                       peer.strategy.exchanges)
+
+    def run(rank: int) -> None:
+        try:
+            main(rank)
+        finally:
+            if rank == 2:
+                left.set()
+
+    run_in_threads(size, run, timeout=60)
+    assert lost == {0: {}, 1: {}}
+    assert exchanges[0] + exchanges[1] > 0  # they went on with each other
+
+
+@pytest.mark.slow  # the neighbours start 1.5 s late on purpose
+def test_a_peer_that_leaves_before_its_neighbours_start_still_tells_them(local_topology):
+    """Bug 11, in a launch: rank 2 takes no step and leaves before its neighbours have even
+    bound their addresses (they start 1.5 s later, past its goodbye's 1 s flush). It waits
+    until its links are up, so its goodbye arrives: the neighbours do not wait for its
+    hello (before: they did, until ``timeout``)."""
+    size = 3
+    topology = local_topology("ring", size)
+    lost, left = {}, threading.Event()
+
+    def main(rank: int) -> None:
+        if rank != 2:
+            left.wait(10)
+            time.sleep(1.5)
+        with Peer(rank, topology, "adpsgd", timeout=5.0, dead_after=2.0) as peer:
+            if rank == 2:
+                left.set()
+                return
+            x = torch.full((4,), float(rank), dtype=torch.float64)
+            for rnd in range(3):
+                peer.synchronize(x, rnd, out=x)
+        lost[rank] = dict(peer.transport.membership.lost)
+
+    run_in_threads(size, main, timeout=60)
+    assert lost == {0: {}, 1: {}}

@@ -267,6 +267,44 @@ def test_malformed_control_messages_are_rejected_not_obeyed():
     assert set(t0.stats.by_kind) == {"<rejected>"}
 
 
+# -- a peer that leaves is not a dead one -----------------------------------------------------
+
+
+def test_a_peer_that_takes_no_step_is_dropped_at_its_goodbye_not_judged_dead(local_topology,
+                                                                             run_peers):
+    """Bug 11: rank 2 of a ring of 5 enters and leaves ``with Peer(...)`` without a step.
+    It says goodbye to the neighbours it is linked to, so their wait for its round-0 message
+    ends at once (PeerGone: it left) and D-PSGD drops it as it drops a dead one, with nobody
+    declaring it dead (before: no goodbye, a broken link, a death after ``dead_after``)."""
+    size, victim, rounds = 5, 2, 3
+    topology = local_topology("ring", size)
+    x0 = torch.randn(size, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    all_bound, left = threading.Barrier(size, timeout=TIMEOUT), threading.Event()
+
+    def main(rank: int):
+        try:
+            with peer_once_all_bound(rank, topology, "dpsgd", all_bound, timeout=TIMEOUT,
+                                     dead_after=1.0) as peer:
+                if rank == victim:
+                    return None
+                assert left.wait(TIMEOUT)
+                x, results = x0[rank].clone(), []
+                for rnd in range(rounds):
+                    x = peer.synchronize(x, rnd)
+                    results.append(x)
+        finally:
+            if rank == victim:
+                left.set()
+        return torch.stack(results), dict(peer.transport.membership.lost)
+
+    outcome = run_peers(size, main, timeout=3 * TIMEOUT)
+    want = iterate([without(victim, topology.mixing_matrix())] * rounds, x0)
+    for rank in survivors_of(size, victim):
+        results, lost = outcome[rank]
+        assert lost == {}, (rank, lost)
+        torch.testing.assert_close(results, want[:, rank], rtol=1e-12, atol=1e-12)
+
+
 # -- end to end: gossip launch, a peer SIGKILLed mid-run ------------------------------------------
 
 

@@ -447,10 +447,12 @@ def test_nan_from_a_neighbour_never_reaches_the_model(local_topology, run_peers)
 
 def test_a_neighbour_gone_nan_is_named_instead_of_mixed_in(local_topology, run_peers):
     """An honest neighbour whose model diverged: its NaN is rejected, not averaged in, and
-    the wait for it ends in a PeerTimeout that says why."""
+    the wait for it ends in a PeerTimeout that says why. (Rank 1 stays until then: had it
+    left, its goodbye would end the wait at once, a PeerGone saying the same.)"""
     topology = local_topology("ring", 2)
     errors: list[str] = ["", ""]
     out = [None, None]
+    gave_up = threading.Event()
 
     def peer_main(rank: int) -> None:
         with Peer(rank, topology, "dpsgd", timeout=1.0) as peer:
@@ -459,6 +461,9 @@ def test_a_neighbour_gone_nan_is_named_instead_of_mixed_in(local_topology, run_p
                 out[rank] = peer.synchronize(x, 0)
             except PeerTimeout as exc:
                 errors[rank] = str(exc)
+                gave_up.set()
+            if rank == 1:
+                gave_up.wait(30)
 
     run_peers(2, peer_main, timeout=30.0)
     assert out[0] is None

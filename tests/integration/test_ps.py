@@ -352,3 +352,56 @@ def test_a_refusal_from_a_peer_that_does_not_serve_is_rejected_and_training_goes
     assert torch.equal(results[0][0], torch.full((5,), 1.0)), results
     assert torch.equal(results[2][0], results[0][0])
     assert results[0][1] == 1 and results[2][1] == 0, results
+
+
+@pytest.mark.slow  # the workers compute longer than the timeout on purpose
+def test_a_server_waits_for_workers_computing_longer_than_the_timeout():
+    """Bug 3: ``local`` over ``ps`` with a server-only rank; between two averages each worker
+    computes 4 x 0.15 s, longer than the 0.4 s timeout, and sends nothing. The workers are
+    alive (their links answer heartbeats), so the server waits for them instead of raising
+    "no goodbye from worker(s) 0, 1", and every average is the workers' mean."""
+    topology = ps_topology(3, [2])
+    bound = threading.Barrier(3, timeout=TIMEOUT)
+
+    def main(rank: int):
+        with peer_once_all_bound(rank, topology, "local", bound, timeout=0.4, dead_after=5.0,
+                                 inner="ps", period=4) as peer:
+            if rank == 2:
+                peer.serve()
+                return dict(peer.transport.membership.lost)
+            x = torch.full((5,), float(rank), dtype=torch.float64)
+            for rnd in range(8):
+                time.sleep(0.15)  # a step's compute: nothing leaves this peer meanwhile
+                x = peer.synchronize(x, rnd)
+            return x, dict(peer.transport.membership.lost)
+
+    results = run_in_threads(3, main, timeout=4 * TIMEOUT)
+    assert results[2] == {}
+    for rank in (0, 1):
+        x, lost = results[rank]
+        assert lost == {} and torch.equal(x, torch.full((5,), 0.5, dtype=torch.float64))
+
+
+@pytest.mark.slow  # a worker computes longer than the timeout on purpose
+def test_a_training_server_waits_for_a_worker_computing_longer_than_the_timeout():
+    """Rank 0 serves and trains (role both): its own wait is for its own shard's answer,
+    which needs rank 2's push, and rank 2 computes 0.6 s a round with a 0.3 s timeout. The
+    wait goes on while the workers it needs are alive: every round is the mean."""
+    data = make_local_topology("complete", 3).to_dict()
+    data["peers"][0]["role"] = "both"  # the others are workers
+    topology = Topology.from_dict(data)
+    bound = threading.Barrier(3, timeout=TIMEOUT)
+
+    def main(rank: int):
+        with peer_once_all_bound(rank, topology, "ps", bound, timeout=0.3,
+                                 dead_after=5.0) as peer:
+            out = []
+            for rnd in range(3):
+                if rank == 2:
+                    time.sleep(0.6)  # a step's compute: nothing leaves this peer meanwhile
+                out.append(peer.synchronize(torch.full((4,), float(rank + rnd)), rnd))
+            return out
+
+    results = run_in_threads(3, main, timeout=4 * TIMEOUT)
+    for rnd in range(3):
+        assert all(torch.equal(results[r][rnd], torch.full((4,), 1.0 + rnd)) for r in range(3))

@@ -191,3 +191,42 @@ def test_oracle_probe_equals_the_exchanged_one_and_measured_compute_takes_time()
                   for run in (exchanged, oracle)]
         assert probes[0] and not probes[1]
         assert oracle.records[rank][-1]["bytes_sent"] == exchanged.records[rank][-1]["bytes_sent"]
+
+
+def test_a_server_waits_for_workers_computing_longer_than_the_timeout_in_virtual_time():
+    """Bug 3 in the simulator, as over ZeroMQ: a server-only rank waits while its workers
+    compute 10 virtual seconds between pushes, longer than the 2 s timeout. They are alive
+    (their processes have not ended), so nobody times out or is declared dead."""
+    import torch
+
+    from gossip.peer import Peer
+
+    data = {**Topology.generate("complete", 3).to_dict(), "servers": [2]}
+    del data["edges"]  # implied: every worker linked to every server
+    topology = Topology.from_dict(data)
+    world = SimWorld(3)
+
+    def worker(rank: int):
+        def main():
+            with Peer(rank, topology, "ps",
+                      transport=world.transport(rank, timeout=2.0, dead_after=1.0)) as peer:
+                x = torch.full((4,), float(rank), dtype=torch.float64)
+                for rnd in range(3):
+                    world.scheduler.sleep(10.0)  # a step's compute: nothing is sent meanwhile
+                    x = peer.synchronize(x, rnd)
+                return x, dict(peer.transport.membership.lost)
+        return main
+
+    def server():
+        with Peer(2, topology, "ps",
+                  transport=world.transport(2, timeout=2.0, dead_after=1.0)) as peer:
+            peer.serve()
+            return dict(peer.transport.membership.lost)
+
+    [w0, w1, served] = run_peers(world, worker(0), worker(1), server)
+    assert served == {}, served
+    for result in (w0, w1):
+        assert not isinstance(result, Exception), result
+        x, lost = result
+        assert lost == {} and torch.equal(x, torch.full((4,), 0.5, dtype=torch.float64))
+    assert world.scheduler.now >= 30.0

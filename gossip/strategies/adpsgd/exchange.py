@@ -9,9 +9,11 @@ requests whenever it polls, and goes on computing while its own is under way.
 
 Ending: ``finish`` stops starting exchanges, waits for its last reply (answering others
 meanwhile), tells its neighbours ``done`` and answers them until each has said ``done``
-too, so peers that stop at different times all exit, and no exchange is cut in half. A dead
-neighbour is skipped: never chosen again, not waited for; an exchange under way with it is
-abandoned (its half on the dead side is lost with it).
+too, so peers that stop at different times all exit, and no exchange is cut in half. A
+neighbour busy computing is waited for as long as it is alive (``Silence``), however long it
+takes. A dead neighbour is skipped: never chosen again, not waited for; an exchange under way
+with it is abandoned (its half on the dead side is lost with it). A neighbour that left (its
+goodbye came, e.g. it took no step) is not waited for either.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from gossip.errors import ConfigError, PeerTimeout, ProtocolError
 from gossip.strategies.adpsgd.options import ADPSGDOptions
 from gossip.strategies.base import Strategy
 from gossip.transport import Message
-from gossip.transport.windowed import poll, wait_any
+from gossip.transport.windowed import Silence, poll, wait_any
 
 log = logging.getLogger("gossip.strategies")
 WAIT_S = 0.05  # how long ``finish`` waits for a message before checking liveness again
@@ -119,17 +121,20 @@ class ADPSGD(Strategy):
         self.finished = True
         if self.model is None:  # never took part (nor greeted): nobody waits for this peer
             return
-        self._until(lambda: self.outstanding is None, "its last exchange's reply")
+        self._until(lambda: self.outstanding is None, "its last exchange's reply",
+                    lambda: self.outstanding[:1] if self.outstanding else ())
         for j in self._alive():
             self.transport.send(j, Message(kind=self.done_kind, round=0))
-        self._until(lambda: not set(self._alive()) - self.done_from, "every neighbour's done")
+        self._until(lambda: not set(self._alive()) - self.done_from, "every neighbour's done",
+                    lambda: set(self._alive()) - self.done_from)
 
     def _greet(self) -> None:
         """Start together: tell the neighbours this peer is up and wait until each said so
         too (or is dead), so that no peer trains alone while the others are starting."""
         for j in self._alive():
             self.transport.send(j, Message(kind=self.hello_kind, round=0))
-        self._until(lambda: not set(self._alive()) - self.hello_from, "every neighbour's hello")
+        self._until(lambda: not set(self._alive()) - self.hello_from, "every neighbour's hello",
+                    lambda: set(self._alive()) - self.hello_from)
 
     # -- the exchange ------------------------------------------------------------------------
 
@@ -166,8 +171,9 @@ class ADPSGD(Strategy):
     # -- liveness ------------------------------------------------------------------------------
 
     def _alive(self) -> list[int]:
-        dead = self.transport.membership.firsthand()
-        return [j for j in self.neighbors if j not in dead]
+        """The neighbours still in the run: not dead, and not gone with a goodbye."""
+        gone = self.transport.membership.firsthand() | self.transport.departed
+        return [j for j in self.neighbors if j not in gone]
 
     def _forget_dead(self) -> None:
         if self.outstanding is not None and self.outstanding[0] not in self._alive():
@@ -176,21 +182,21 @@ class ADPSGD(Strategy):
                         self.rank, self.outstanding[0])
             self.outstanding = None
 
-    def _until(self, ready, what: str) -> None:
-        """Serve the neighbours until ``ready()``. Gives up after ``timeout`` seconds without
-        a message: a neighbour still at work keeps exchanging (however long it takes), a
-        dead one is dropped by the transport's liveness check."""
-        transport, clock = self.transport, self.transport.clock
-        deadline = clock.monotonic() + transport.timeout
+    def _until(self, ready, what: str, waiting_on) -> None:
+        """Serve the neighbours until ``ready()``, waiting as long as one of
+        ``waiting_on()`` is alive (a slow neighbour is no dead one); gives up after
+        ``timeout`` seconds of silence from all of them (``Silence``)."""
+        transport = self.transport
+        silence = Silence(transport)
         while True:
             self.poll()
             if ready():
                 return
-            if clock.monotonic() >= deadline:
-                raise PeerTimeout(f"rank {self.rank}: adpsgd: no {what} and no other message "
-                                  f"within {transport.timeout:g} s")
-            if wait_any(transport, min(WAIT_S, max(deadline - clock.monotonic(), 0.0))):
-                deadline = clock.monotonic() + transport.timeout
+            if silence.over(waiting_on()):
+                raise PeerTimeout(f"rank {self.rank}: adpsgd: no {what}, no other message "
+                                  f"and no sign of life within {transport.timeout:g} s")
+            if wait_any(transport, min(WAIT_S, silence.left())):
+                silence.heard()
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_id": self.next_id}

@@ -34,6 +34,7 @@ from gossip.strategies.ps.options import PSOptions
 from gossip.strategies.ps.server import INIT_STEP, ShardServer
 from gossip.strategies.ps.shards import bounds, check_backup, participants, roles_of
 from gossip.transport import Message
+from gossip.transport.windowed import Silence
 
 log = logging.getLogger("gossip.ps")
 POLL_S = 0.2  # how often a wait looks at the peers known lost
@@ -105,7 +106,8 @@ class ParameterServer(Strategy):
                                        n=flat.numel(), clock=self.clock))
         wanted = [(step, k) for k in range(len(self.servers))]
         self._pump(lambda: step in self.refusals or all(key in self.pulls for key in wanted),
-                   lambda: f"answer from server(s) {self._silent(wanted)} for round {round}")
+                   lambda: f"answer from server(s) {self._silent(wanted)} for round {round}",
+                   lambda: self._awaited(wanted))
         if step in self.refusals:
             raise self._refused(self.refusals[step], round)
         answers = [self.pulls.pop(key) for key in wanted]
@@ -145,7 +147,8 @@ class ParameterServer(Strategy):
             # in its first round (sync steps and the async start need them all), so it waits
             # for those it heard from: none, if it never synchronized.
             self._pump(lambda: self._waiting_for() <= self.server.done,
-                       lambda: f"goodbye from worker(s) {self._unfinished()}")
+                       lambda: f"goodbye from worker(s) {self._unfinished()}",
+                       lambda: self._waiting_for() - self.server.done)
 
     # -- messages ------------------------------------------------------------------------------
     def _send(self, dst: int, op: str, round: int, tensor: torch.Tensor | None, *,
@@ -264,26 +267,26 @@ class ParameterServer(Strategy):
                                     f"synchronize tensors of the same length?)")
 
     # -- waiting -------------------------------------------------------------------------------
-    def _pump(self, done: Callable[[], bool], waiting: Callable[[], str]) -> None:
+    def _pump(self, done: Callable[[], bool], waiting: Callable[[], str],
+              waiting_on: Callable[[], set[int]]) -> None:
         """Handle messages until ``done()``; PeerGone for a dead server (or a dead worker a
-        sync step needs), PeerTimeout after ``timeout`` with nothing heard."""
-        clock, limit = self.transport.clock, self.transport.timeout
-        deadline = clock.monotonic() + limit
+        sync step needs). Waits as long as one of ``waiting_on()`` is alive (workers in a long
+        local period are); PeerTimeout after ``timeout`` of silence (``Silence``)."""
+        silence = Silence(self.transport)
         tag = self.options.tag
         while not done():
             try:  # what arrived comes first: a server's last words may say who stopped
                 msg = self.transport.recv(kind=tag, timeout=0)
             except PeerTimeout:
                 self._check_lost()
+                if silence.over(waiting_on()):
+                    raise PeerTimeout(f"rank {self.rank}: no {waiting()}, and no sign of "
+                                      f"life, within {self.transport.timeout:g} s") from None
                 try:
-                    msg = self.transport.recv(
-                        kind=tag, timeout=max(min(POLL_S, deadline - clock.monotonic()), 0.0))
+                    msg = self.transport.recv(kind=tag, timeout=min(POLL_S, silence.left()))
                 except PeerTimeout:
-                    if clock.monotonic() >= deadline:
-                        raise PeerTimeout(f"rank {self.rank}: no {waiting()} within "
-                                          f"{limit:g} s") from None
                     continue
-            deadline = clock.monotonic() + limit
+            silence.heard()
             self._handle(msg)
 
     def _check_lost(self) -> None:
@@ -319,6 +322,12 @@ class ParameterServer(Strategy):
     def _silent(self, wanted) -> str:
         return ", ".join(str(self.servers[k]) for step, k in wanted
                          if (step, k) not in self.pulls)
+
+    def _awaited(self, wanted) -> set[int]:
+        """Whom a worker's wait for its answers depends on: the servers yet to answer, and,
+        if one is this rank, the workers whose pushes its own shard may still need."""
+        servers = {self.servers[k] for step, k in wanted if (step, k) not in self.pulls}
+        return servers | set(self.workers) if self.rank in servers else servers
 
     def _waiting_for(self) -> set[int]:
         return set(self.workers) if not self.trains else self.server.heard
