@@ -34,7 +34,7 @@ def arbiter(address, patience, max_hold, dead_after, grant_log):
 
     from gossip.crossover.server import ArbiterServer
 
-    from gossip.crossover.connect import check_address
+    from gossip.crossover.address import check_address
 
     check_address(address, what="--bind", bind=True)
     if not patience >= 0:

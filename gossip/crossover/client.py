@@ -11,7 +11,7 @@ import zmq
 from gossip.clock import REAL_TIME, Clock
 from gossip.crossover import protocol
 from gossip.crossover.base import DeviceLock
-from gossip.crossover.connect import check_address, check_name
+from gossip.crossover.address import check_address, check_name
 from gossip.errors import PeerTimeout, ProtocolError
 
 log = logging.getLogger("gossip.crossover")

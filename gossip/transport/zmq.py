@@ -136,7 +136,8 @@ class ZmqTransport(Transport):
                 raise TransportError(f"rank {self.rank}: no peer {dst} (there are "
                                      f"{len(self.endpoints)})")
             endpoint = self.endpoints[dst]
-            sock = push_socket(self._ctx, dst, self.timeout, self.keys, is_ipv6(endpoint))
+            sock = push_socket(self._ctx, dst, timeout=self.timeout, keys=self.keys,
+                               ipv6=is_ipv6(endpoint))
             self._links.add(dst, sock)
             self.linked.add(dst)
             sock.connect((self.use_ipc and self.endpoints.twin(dst)) or endpoint)
@@ -274,8 +275,7 @@ class ZmqTransport(Transport):
         return frames
 
     def _drop_rest(self, frames: list) -> None:
-        """Read the rest of an oversized message into one scratch buffer, counting its
-        frames and bytes, and reject it."""
+        """Read the rest of an oversized message into a scratch buffer, counted; reject it."""
         pull, scratch = self._pull, bytearray(64)
         count, size = len(frames), sum(len(codec.frame_buffer(f)) for f in frames)
         get, recv_into = pull.get, pull.recv_into
