@@ -73,3 +73,19 @@ def test_cli_sizes_only_writes_a_run_the_scaling_table_reads(tmp_path):
     result = CliRunner().invoke(main, ["simulate", "--peers", "3", "--strategy", "dpsgd",
                                        "--sizes-only", "--quiet", "--run-dir", str(run)])
     assert result.exit_code != 0 and "has no traffic plan" in result.output
+
+
+def test_cli_simulate_takes_a_generators_parameters(tmp_path):
+    from click.testing import CliRunner
+
+    from gossip.cli import main
+
+    run = tmp_path / "torus"
+    result = CliRunner().invoke(main, ["simulate", "--graph", "torus", "--graph-option", "rows=3",
+                                       "--graph-option", "cols=3", "--strategy", "spardl",
+                                       "--rounds", "1", "--sizes-only", "--quiet",
+                                       "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "9 simulated peers, torus-9" in result.output
+    torus = Topology.from_yaml(run / "topology.yaml")
+    assert torus.graph.number_of_edges() == 18 and {d for _, d in torus.graph.degree()} == {4}
