@@ -120,10 +120,14 @@ def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency
 @fail_cleanly
 def sim_compare(real_dir, sim_dir):
     """Compare a simulated run with a real one of the same settings: bitwise numerics,
-    equal bytes, per-round time error (median, p90)."""
+    equal bytes, per-round time error (median, p90). Exits 1 unless numerics and bytes are
+    equal in every round; runs of different settings (seed, options, graph) are refused."""
     from gossip.sim.compare import compare_runs
 
-    click.echo(compare_runs(real_dir, sim_dir).describe())
+    comparison = compare_runs(real_dir, sim_dir)
+    click.echo(comparison.describe())
+    if not comparison.identical:
+        raise SystemExit(1)
 
 
 @main.command("sim-scaling")
