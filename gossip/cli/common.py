@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from gossip.errors import GossipError
+from gossip.errors import ConfigError, GossipError, TopologyError
 
 
 @click.group()
@@ -42,3 +42,39 @@ def parse_size(text: str) -> int:
         return int(text)
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a size like 1000, 1M or 25M") from None
+
+
+def key_values(flag: str, given, items) -> dict:
+    """``("a=1", "b=x")`` on top of ``given`` -> ``{"a": 1, "b": "x"}`` (values read as YAML)."""
+    import yaml
+
+    values = dict(given or {})
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
+        values[key] = yaml.safe_load(value)
+    return values
+
+
+DEFAULT_PEERS = 4
+GRAPH_OPTION = click.option(
+    "--graph-option", "graph_options", multiple=True, metavar="KEY=VALUE",
+    help="Parameter of the --graph generator, repeatable (e.g. rows=2 and cols=4 for a "
+         "torus, p=0.3 for erdos_renyi).")
+
+
+def generated_topology(kind: str, peers: int | None, graph_options):
+    """The topology of ``--graph KIND --graph-option ...`` with ``--peers`` (default 4, or
+    the size the parameters imply: a torus's rows x cols)."""
+    from gossip.topology import Topology, generators
+
+    params = key_values("--graph-option", None, graph_options)
+    if peers is None and not (params and generators.size_implied(kind)):
+        peers = DEFAULT_PEERS
+    try:
+        return Topology.generate(kind, peers, **params)
+    except TopologyError as exc:
+        raise TopologyError(f"--graph {exc} (--graph-option KEY=VALUE sets its "
+                            f"parameters)") from None
+

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from gossip.cli.common import fail_cleanly, main
+from gossip.cli.common import (DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology,
+                               main)
 from gossip.cli.summary import run_summary
 from gossip.cli.train import TOLERATE_HELP, _rank_values, _train_config, _train_options
 from gossip.errors import ConfigError
@@ -31,10 +32,12 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
 @main.command()
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False),
               help="Topology YAML (only its graph matters here).")
-@click.option("--peers", type=int, default=4, show_default=True,
-              help="Peers when no --topology is given.")
+@click.option("--peers", type=int,
+              help=f"Peers when no --topology is given (default {DEFAULT_PEERS}, or the "
+                   f"size --graph-option implies: a torus's rows x cols).")
 @click.option("--graph", default="ring", show_default=True,
               help="Graph when no --topology is given (ring, torus, complete, ...).")
+@GRAPH_OPTION
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Run directory (default: runs/DATE-TIME-STRATEGY-sim).")
 @click.option("--rate", "rates", multiple=True, metavar="[RANK:]RATE",
@@ -66,9 +69,9 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_train_options
 @fail_cleanly
-def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, message_cost,
-             byte_cost, compute_model, kills, tolerate_deaths, probe, sizes_only, quiet,
-             config_path, strategy_options, **flags):
+def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency, sharing,
+             message_cost, byte_cost, compute_model, kills, tolerate_deaths, probe, sizes_only,
+             quiet, config_path, strategy_options, **flags):
     """Simulate a run: the peers' real code in virtual time on a modelled network.
 
     Writes the run directory `gossip launch` writes (so `gossip plot` reads it); times in
@@ -80,7 +83,7 @@ def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, mess
 
     config = _train_config(config_path, strategy_options, **flags)
     topology = (Topology.from_yaml(topology_path) if topology_path
-                else Topology.generate(graph, peers))
+                else generated_topology(graph, peers, graph_options))
     config.delays.check_ranks(topology.size)
     check_run(config, topology, simulate=True, arbiter=bool(flags.get("arbiter")))
     rate, per_rank = _rates(rates)
@@ -125,10 +128,14 @@ def simulate(topology_path, peers, graph, run_dir, rates, latency, sharing, mess
 @fail_cleanly
 def sim_compare(real_dir, sim_dir):
     """Compare a simulated run with a real one of the same settings: bitwise numerics,
-    equal bytes, per-round time error (median, p90)."""
+    equal bytes, per-round time error (median, p90). Exits 1 unless numerics and bytes are
+    equal in every round; runs of different settings (seed, options, graph) are refused."""
     from gossip.sim.compare import compare_runs
 
-    click.echo(compare_runs(real_dir, sim_dir).describe())
+    comparison = compare_runs(real_dir, sim_dir)
+    click.echo(comparison.describe())
+    if not comparison.identical:
+        raise SystemExit(1)
 
 
 @main.command("sim-scaling")

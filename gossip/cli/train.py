@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import click
-import yaml
 
-from gossip.cli.common import fail_cleanly, main
+from gossip.cli.common import (DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology,
+                               key_values, main)
 from gossip.errors import ConfigError, GossipError
 from gossip.rendezvous.launchers import RANK_ENV
 
@@ -112,19 +112,9 @@ def _train_config(config_path, strategy_options, *, compute_delay=None, slowdown
         else:
             delays["send_delay"] = _rank_values("--send-delay", send_delay)
     base["delays"] = delays
-    base["options"] = _key_values("--option", base.get("options"), strategy_options)
-    base["task_options"] = _key_values("--task-option", base.get("task_options"), task_options)
+    base["options"] = key_values("--option", base.get("options"), strategy_options)
+    base["task_options"] = key_values("--task-option", base.get("task_options"), task_options)
     return TrainConfig.from_dict(base, source=config_path or "command line")
-
-
-def _key_values(flag: str, given, items) -> dict:
-    values = dict(given or {})
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
-        values[key] = yaml.safe_load(value)
-    return values
 
 
 def _float(flag: str, text: str) -> float:
@@ -250,10 +240,12 @@ def _device(shared, rank: int, node, timeout: float):
 @main.command()
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False),
               help="Topology YAML (default: a ring of --peers on 127.0.0.1, free ports).")
-@click.option("--peers", type=int, default=4, show_default=True,
-              help="Peers when no --topology is given.")
+@click.option("--peers", type=int,
+              help=f"Peers when no --topology is given (default {DEFAULT_PEERS}, or the "
+                   f"size --graph-option implies: a torus's rows x cols).")
 @click.option("--graph", default="ring", show_default=True,
               help="Graph when no --topology is given (ring, torus, complete, ...).")
+@GRAPH_OPTION
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Run directory (default: runs/DATE-TIME-STRATEGY).")
 @click.option("--netns", is_flag=True,
@@ -274,8 +266,8 @@ def _device(shared, rank: int, node, timeout: float):
               metavar="N", help=TOLERATE_HELP)
 @_train_options
 @fail_cleanly
-def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoint_dir, resume,
-           tolerate_deaths, config_path, strategy_options, **flags):
+def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key_dir,
+           checkpoint_dir, resume, tolerate_deaths, config_path, strategy_options, **flags):
     """Start every local peer, show progress, print a per-peer summary.
 
     With no arguments: the demo, 4 peers on a ring training the digits MLP with dpsgd.
@@ -294,7 +286,8 @@ def launch(topology_path, peers, graph, run_dir, netns, rate, key_dir, checkpoin
     if topology_path:
         topology = Topology.from_yaml(topology_path)
     else:
-        topology = Topology.generate(graph, peers).relocated(ports=free_ports(peers))
+        topology = generated_topology(graph, peers, graph_options)
+        topology = topology.relocated(ports=free_ports(topology.size))
     if key_dir:
         topology = topology.with_keys(key_dir)
     config.delays.check_ranks(topology.size)

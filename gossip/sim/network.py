@@ -11,8 +11,10 @@ Two ways to share a link:
 * ``fifo``: each link sends one message at a time, in order: a message leaves its sender's
   uplink after those queued before it, and its receiver's downlink takes it as it comes,
   after what it was still receiving, at the slower link's rate (cheap: O(1) per message).
-* ``fair``: every flow in flight gets its max-min fair share of both links, recomputed
-  whenever a flow starts or ends (TCP's long-run behaviour; O(flows x links) per change).
+* ``fair``: every pair of peers has one connection, which carries its messages in order
+  (as one TCP connection does); every connection with bytes in flight gets its max-min fair
+  share of both links, recomputed whenever one starts, ends or moves on to its next message
+  (TCP's long-run behaviour; O(connections x links) per change).
 
 tbf counts link-layer bytes: a full TCP segment carries 1448 bytes of payload in a 1514-byte
 Ethernet frame, so the goodput of a link is ``GOODPUT`` (0.956) times its rate.
@@ -21,6 +23,7 @@ Ethernet frame, so the goodput of a link is ``GOODPUT`` (0.956) times its rate.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -152,19 +155,27 @@ def _seconds_for(nbytes: int, speed: float) -> float:
     return nbytes / speed if speed < math.inf else 0.0
 
 
-class _Flow:
-    __slots__ = ("src", "dst", "left", "rate", "arrive")
+class _Connection:
+    """A pair's one ordered connection: its queued messages as ``[bytes left, arrive]``,
+    the head's bytes moving at ``rate``."""
 
-    def __init__(self, src, dst, nbytes, arrive):
-        self.src, self.dst, self.left, self.rate, self.arrive = src, dst, float(nbytes), 0.0, arrive
+    __slots__ = ("src", "dst", "queue", "rate")
+
+    def __init__(self, src: int, dst: int):
+        self.src, self.dst, self.queue, self.rate = src, dst, deque(), 0.0
+
+    @property
+    def left(self) -> float:
+        return self.queue[0][0]
 
 
 class FairLinks(Links):
-    """Max-min fair sharing of every uplink and downlink among the flows in flight."""
+    """Max-min fair sharing of every uplink and downlink among the pairs' connections with
+    bytes in flight; each connection delivers its messages in order."""
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.flows: list[_Flow] = []
+        self.flows: dict[tuple[int, int], _Connection] = {}  # the busy connections
         self.cpu_free = [0.0] * len(self.speeds)  # a sender's CPU prepares one at a time
         self._updated = 0.0
         self._version = 0
@@ -172,49 +183,61 @@ class FairLinks(Links):
     def send(self, src: int, dst: int, nbytes: int, arrive: Callable[[], None]) -> None:
         ready = max(self.scheduler.now, self.cpu_free[src]) + self._cpu(nbytes)
         self.cpu_free[src] = ready
-        self.scheduler.at(ready, self._start, _Flow(src, dst, nbytes, arrive))
+        self.scheduler.at(ready, self._start, src, dst, float(nbytes), arrive)
 
-    def _start(self, flow: _Flow) -> None:
-        if math.isinf(min(self.speeds[flow.src], self.speeds[flow.dst])) or flow.left == 0:
-            self.scheduler.at(self.scheduler.now + self.model.latency, flow.arrive)
+    def _start(self, src: int, dst: int, nbytes: float, arrive: Callable[[], None]) -> None:
+        busy = self.flows.get((src, dst))
+        if busy is not None:
+            busy.queue.append([nbytes, arrive])  # behind the pair's earlier messages
+            return
+        if math.isinf(min(self.speeds[src], self.speeds[dst])) or nbytes == 0:
+            self.scheduler.at(self.scheduler.now + self.model.latency, arrive)
             return
         self._progress()
-        self.flows.append(flow)
+        connection = self.flows[src, dst] = _Connection(src, dst)
+        connection.queue.append([nbytes, arrive])
         self._reschedule()
 
     def _progress(self) -> None:
-        """Count the bytes every flow moved since the last change."""
+        """Count the bytes every connection's head message moved since the last change (an
+        event falls due at each head's end, so none moves past it)."""
         now = self.scheduler.now
         elapsed, self._updated = now - self._updated, now
-        for flow in self.flows:
-            flow.left -= flow.rate * elapsed
+        for connection in self.flows.values():
+            connection.queue[0][0] -= connection.rate * elapsed
 
     def _reschedule(self) -> None:
         self._share()
         self._version += 1
         if self.flows:
-            soonest = min(max(flow.left, 0.0) / flow.rate for flow in self.flows)
+            soonest = min(max(c.left, 0.0) / c.rate for c in self.flows.values())
             self.scheduler.at(self.scheduler.now + soonest, self._finish, self._version)
 
     def _finish(self, version: int) -> None:
         if version != self._version:
             return  # the flows changed since: a later event stands
         self._progress()
-        done = [f for f in self.flows if f.left <= 1e-6 * max(f.rate, 1.0)]
-        self.flows = [f for f in self.flows if f not in done]
-        for flow in done:
-            self.scheduler.at(self.scheduler.now + self.model.latency, flow.arrive)
+        arrival = self.scheduler.now + self.model.latency
+        for key, connection in list(self.flows.items()):
+            queue = connection.queue
+            while queue and queue[0][0] <= 1e-6 * max(connection.rate, 1.0):
+                overshoot, arrive = queue.popleft()
+                self.scheduler.at(arrival, arrive)
+                if queue:
+                    queue[0][0] += min(overshoot, 0.0)  # rounding past the end: the next one's
+            if not queue:
+                del self.flows[key]
         self._reschedule()
 
     def _share(self) -> None:
-        """Progressive filling: the most crowded link fixes its flows' rates first."""
+        """Progressive filling: the most crowded link fixes its connections' rates first."""
         capacity: dict[tuple[str, int], float] = {}
-        members: dict[tuple[str, int], list[_Flow]] = {}
-        for flow in self.flows:
+        members: dict[tuple[str, int], list[_Connection]] = {}
+        for flow in self.flows.values():
             for link in (("up", flow.src), ("down", flow.dst)):
                 capacity.setdefault(link, self.speeds[link[1]])
                 members.setdefault(link, []).append(flow)
-        unfixed = set(map(id, self.flows))
+        unfixed = set(map(id, self.flows.values()))
         while unfixed:
             share, link = min((capacity[k] / sum(id(f) in unfixed for f in v), k)
                               for k, v in members.items()

@@ -15,7 +15,7 @@ import json
 import resource
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
@@ -30,7 +30,7 @@ from gossip.sim.clock import MeasuredCompute
 from gossip.sim.runner import write_run_dir
 from gossip.sim.scheduler import Scheduler
 from gossip.strategies import STRATEGIES
-from gossip.strategies.traffic import round_bytes
+from gossip.strategies.traffic import Step, round_bytes
 from gossip.tasks.base import create_task
 
 
@@ -65,8 +65,9 @@ def model_size(config: TrainConfig) -> tuple[int, torch.dtype]:
     return sum(p.numel() for p in params), params[0].dtype
 
 
-def plans(config: TrainConfig, size: int) -> list[list]:
-    """Every rank's plan; ConfigError if the strategy has none."""
+def plans(config: TrainConfig, size: int) -> list[Iterable[Step]]:
+    """Every rank's plan (iterated once per round, see gossip/strategies/traffic.py);
+    ConfigError if the strategy has none."""
     options = STRATEGIES.options(config.strategy, config.options)
     cls = STRATEGIES.strategy_class(config.strategy, options)
     numel, dtype = model_size(config)
@@ -89,7 +90,9 @@ class _Replay:
         self.delays = [simulation.compute.delays(config.delays.for_rank(r, seed=config.seed))
                        for r in range(size)]
         self.round = [0] * size
-        self.step = [0] * size
+        # Each rank's step now and the rest of its round's plan (made as it goes: a Plan).
+        self.step: list[Step | None] = [None] * size
+        self.steps: list[Iterator[Step] | None] = [None] * size
         self.sent = [False] * size
         self.computing = [True] * size
         self.arrived: list[dict] = [{} for _ in range(size)]  # (round, src, kind): count
@@ -112,27 +115,29 @@ class _Replay:
 
     def _computed(self, rank: int) -> None:
         self.computing[rank] = False
+        self.steps[rank] = steps = iter(self.plans[rank])
+        self.step[rank] = next(steps, None)
         self._advance(rank)
 
-    def _arrive(self, dst: int, key: tuple) -> None:
+    def arrive(self, dst: int, key: tuple) -> None:
         arrived = self.arrived[dst]
         arrived[key] = arrived.get(key, 0) + 1
         if not self.computing[dst]:
             self._advance(dst)
 
     def _advance(self, rank: int) -> None:
-        plan, rnd, arrived = self.plans[rank], self.round[rank], self.arrived[rank]
+        rnd, arrived = self.round[rank], self.arrived[rank]
         while True:
             step = self.step[rank]
-            if step == len(plan):
+            if step is None:  # the plan is done
                 self.round_end[rnd, rank] = self.scheduler.now
                 self.bar.update()
                 self.round[rank] = rnd = rnd + 1
-                self.step[rank] = 0
+                self.steps[rank] = None
                 if rnd < self.rounds:
                     self._compute(rank)
                 return
-            sends, recvs = plan[step]
+            sends, recvs = step
             if not self.sent[rank]:
                 extra, send, counted = self._extra[rnd], self.links.send, self.bytes_sent
                 for dst, kind, nbytes in sends:
@@ -152,7 +157,7 @@ class _Replay:
                 else:
                     del arrived[key]
             self.sent[rank] = False
-            self.step[rank] = step + 1
+            self.step[rank] = next(self.steps[rank], None)
 
 
 class _Arrival:
@@ -162,7 +167,7 @@ class _Arrival:
         self.replay, self.dst, self.key = replay, dst, key
 
     def __call__(self):
-        self.replay._arrive(self.dst, self.key)
+        self.replay.arrive(self.dst, self.key)
 
 
 def simulate_sizes(config: TrainConfig, topology, simulation,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -120,10 +120,11 @@ class Strategy(ABC):
 
     @classmethod
     def traffic(cls, rank: int, size: int, numel: int, dtype: torch.dtype,
-                options: Options) -> list | None:
-        """This rank's round as messages with sizes and no payloads (a list of
-        ``gossip.strategies.traffic.Step``) for a tensor of ``numel`` elements, or None
-        where the pattern depends on the values (the sizes-only simulation refuses those)."""
+                options: Options) -> Iterable | None:
+        """This rank's round as messages with sizes and no payloads (``Step``s, iterated once
+        per round: a list, or a ``Plan`` making them as they go; gossip/strategies/traffic.py)
+        for a tensor of ``numel`` elements, or None where the pattern depends on the values
+        (the sizes-only simulation refuses those)."""
         return None
 
     @property

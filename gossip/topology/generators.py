@@ -122,6 +122,13 @@ def erdos_renyi(n: int, *, p: float, seed: int = 0) -> nx.Graph:
     )
 
 
+def size_implied(kind: str) -> bool:
+    """Whether ``kind``'s parameters imply its number of peers (torus: rows x cols), so
+    ``build`` may be called without ``n``."""
+    n = inspect.signature(GENERATORS.get(kind)).parameters["n"]
+    return n.default is not inspect.Parameter.empty
+
+
 def build(kind: str, n: int | None = None, **params) -> nx.Graph:
     """Generate a graph of ``kind`` after checking ``n`` and ``params``.
 

@@ -216,6 +216,30 @@ def test_launch_flags_reach_the_peers_config(tmp_path, peers):
     assert (train["lr"], train["snapshot_seconds"]) == (0, 0.5)
 
 
+@pytest.mark.parametrize("args, size, degree", [
+    (["--graph-option", "rows=3", "--graph-option", "cols=5"], 15, 4),  # the size implied
+    (["--peers", "6", "--graph-option", "rows=2", "--graph-option", "cols=3"], 6, 3)])
+def test_launch_takes_a_generators_parameters(tmp_path, peers, args, size, degree):
+    cli = CliRunner().invoke(main, ["launch", "--graph", "torus", *args, "--rounds", "1",
+                                    "--run-dir", str(tmp_path / "run")])
+    assert cli.exit_code == 0, cli.output
+    assert f"{size} peers, torus-{size}, strategy dpsgd" in cli.output
+    written = Topology.from_yaml(tmp_path / "run" / "topology.yaml")
+    assert {d for _, d in written.graph.degree()} == {degree}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--graph", "torus"], "--graph torus: missing parameter 'rows' (--graph-option KEY=VALUE"),
+    (["--graph", "torus", "--peers", "5", "--graph-option", "rows=2", "--graph-option",
+      "cols=3"], "--graph torus: rows*cols = 2x3 = 6 does not match n = 5"),
+    (["--graph", "ring", "--graph-option", "rows=2"], "ring: unexpected parameter 'rows'"),
+    (["--graph", "erdos_renyi", "--graph-option", "p"], "--graph-option 'p': expected KEY=VALUE")])
+def test_launch_names_a_bad_graph_parameter_before_starting(tmp_path, peers, args, message):
+    cli = CliRunner().invoke(main, ["launch", *args, "--run-dir", str(tmp_path / "run")])
+    assert cli.exit_code == 1 and peers.started == []
+    assert message in cli.output and cli.output.count("\n") == 1
+
+
 def _portless(topology: dict) -> dict:
     """The topology without its ports (free ones, found anew for each run)."""
     return {**topology, "peers": [{k: v for k, v in peer.items() if k != "port"}

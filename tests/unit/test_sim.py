@@ -95,6 +95,32 @@ def test_fifo_links_queue_fair_links_share():
     assert arrivals("fair") == pytest.approx([2.0, 2.0])  # half the uplink each
 
 
+@pytest.mark.parametrize("sharing", ["fifo", "fair"])
+def test_a_pairs_messages_arrive_in_order_on_its_one_connection(sharing):
+    world = SimWorld(3, network=NetworkModel(rate=8_000_000, sharing=sharing, goodput=1.0))
+    times = {}
+    for name, dst, nbytes in (("big", 1, 1_000_000), ("small", 1, 1_000), ("other", 2, 1_000_000)):
+        world.links.send(0, dst, nbytes, lambda n=name: times.setdefault(n, world.scheduler.now))
+    world.scheduler.run()
+    assert list(times).index("big") < list(times).index("small")
+    assert times["big"] <= times["small"]
+    if sharing == "fair":
+        # Peer 0's uplink is shared by its two connections, not by its three messages:
+        # the small one starts once the big one has gone, then has the uplink to itself.
+        assert times == pytest.approx({"big": 2.0, "other": 2.0, "small": 2.001})
+
+
+@pytest.mark.slow
+def test_a_pieced_ring_all_reduce_runs_on_fair_links():
+    # Several pieces per message pair: they must arrive in the order they were sent.
+    config = TrainConfig.from_dict({"strategy": "ring-allreduce", "rounds": 1, "batch_size": 8,
+                                    "eval_every": 1, "seed": 2, "options": {"piece_bytes": 4000}})
+    simulation = Simulation(network=NetworkModel(rate="100mbit", sharing="fair"))
+    run = simulate_run(config, Topology.generate("ring", 3), "unused", simulation, write=False)
+    assert run.failed == {}
+    assert all(len(run.records[rank]) == 1 for rank in range(3))
+
+
 def test_a_fifo_uplink_is_not_held_up_by_a_busy_downlink():
     world = SimWorld(3, network=NetworkModel(rate=8_000_000, goodput=1.0))
     times = {}

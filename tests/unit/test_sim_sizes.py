@@ -73,3 +73,61 @@ def test_cli_sizes_only_writes_a_run_the_scaling_table_reads(tmp_path):
     result = CliRunner().invoke(main, ["simulate", "--peers", "3", "--strategy", "dpsgd",
                                        "--sizes-only", "--quiet", "--run-dir", str(run)])
     assert result.exit_code != 0 and "has no traffic plan" in result.output
+
+
+def test_cli_simulate_takes_a_generators_parameters(tmp_path):
+    from click.testing import CliRunner
+
+    from gossip.cli import main
+
+    run = tmp_path / "torus"
+    result = CliRunner().invoke(main, ["simulate", "--graph", "torus", "--graph-option", "rows=3",
+                                       "--graph-option", "cols=3", "--strategy", "spardl",
+                                       "--rounds", "1", "--sizes-only", "--quiet",
+                                       "--run-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "9 simulated peers, torus-9" in result.output
+    torus = Topology.from_yaml(run / "topology.yaml")
+    assert torus.graph.number_of_edges() == 18 and {d for _, d in torus.graph.degree()} == {4}
+
+
+def test_a_sizes_only_ring_all_reduce_takes_memory_linear_in_the_peers():
+    """P ranks of 2(P-1) steps each: the plans are made as they are replayed, so the replay
+    holds O(P) (each rank's current step, the messages in flight), not every step at once."""
+    import tracemalloc
+
+    config = TrainConfig.from_dict({"strategy": "ring-allreduce", "rounds": 1})
+    simulation = Simulation(network=NetworkModel(rate="1gbit"), sizes_only=True)
+    simulate_sizes(config, Topology.generate("ring", 3), simulation)  # imports, caches
+
+    def peak(peers: int) -> int:
+        tracemalloc.start()
+        try:
+            result = simulate_sizes(config, Topology.generate("ring", peers), simulation)
+            assert result.messages == 2 * peers * (peers - 1)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    small, large = peak(31), peak(93)  # 3x the peers, 9x the steps (quadratic: 6x the peak)
+    assert large < 3 * small, (small, large)
+
+
+@pytest.mark.parametrize("number", [0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32,
+                                    -1, -32, -33, -128, -129, -32768, -32769, -2**31,
+                                    -2**31 - 1])
+def test_a_plans_message_sizes_are_the_codecs_at_every_msgpack_width(number):
+    """Sizes are encoded once per shape (ints by msgpack width): still the codec's bytes."""
+    import torch
+
+    from gossip.strategies.traffic import message_bytes
+    from gossip.transport import Message, codec
+
+    for rank, meta, numel in ((abs(number), {"n": number, "s": 3, "ids": [number, 1]}, 7),
+                              (5, {"n": 10, "s": number, "f": 0.5, "x": "ab"}, abs(number) % 999),
+                              (number % 300, {"blocks": {"k": [number]}, "b": True}, 0)):
+        tensors = (torch.empty(numel), torch.empty(3, dtype=torch.uint8))
+        header, frames = codec.encode(Message(kind="k.x", round=0, meta=meta, buffers=tensors),
+                                      rank)
+        assert message_bytes(rank, "k.x", meta, [(torch.float32, numel), (torch.uint8, 3)]) == \
+            len(header) + sum(f.numel() for f in frames)

@@ -46,9 +46,9 @@ class RingAllReduce(Strategy):
 
     @classmethod
     def traffic(cls, rank, size, numel, dtype, options):
-        pieces = RingLayout(rank, size, options.piece_bytes).pieces(
-            numel, torch.empty(0, dtype=dtype).element_size())
-        return ring_traffic(rank, size, numel, dtype, options.tag, pieces)
+        layout, itemsize = RingLayout(rank, size, options.piece_bytes), dtype.itemsize
+        return ring_traffic(rank, size, numel, dtype, options.tag,
+                            lambda segment: layout.segment_pieces(segment, numel, itemsize))
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:

@@ -25,11 +25,14 @@ class RingLayout:
     def pieces(self, numel: int, itemsize: int) -> list[list[tuple[int, int]]]:
         """Per segment, the [lo, hi) ranges of its pieces; the same on every peer. Segments
         differ in length by at most one element; an empty one has one empty piece."""
+        return [self.segment_pieces(i, numel, itemsize) for i in range(self.size)]
+
+    def segment_pieces(self, segment: int, numel: int, itemsize: int) -> list[tuple[int, int]]:
+        """``pieces(numel, itemsize)[segment]`` alone (the sizes-only simulation asks for one
+        segment at a time: every segment of every rank at once is O(P^2))."""
         per_piece = max(1, self.piece_bytes // itemsize)
-        bounds = [numel * i // self.size for i in range(self.size + 1)]
-        return [[(lo, min(lo + per_piece, hi)) for lo in range(bounds[i], hi, per_piece)]
-                or [(bounds[i], bounds[i])]
-                for i, hi in enumerate(bounds[1:])]
+        lo, hi = numel * segment // self.size, numel * (segment + 1) // self.size
+        return [(a, min(a + per_piece, hi)) for a in range(lo, hi, per_piece)] or [(lo, lo)]
 
     def check_meta(self, kind: str, round: int, meta: Mapping[str, Any], numel: int,
                    step: int, piece: int) -> None:
