@@ -55,17 +55,21 @@ class ArbiterClient(DeviceLock):
             if not self._socket.poll(min(left, PING_S) * 1000):
                 self._send("ping", round=round)  # the round: a restarted arbiter asks again
                 continue
-            try:
-                msg = protocol.decode(self._socket.recv(), protocol.SERVER_OPS)
-            except ProtocolError as exc:
-                log.warning("device %s: ignored a message from the arbiter: %s",
-                            self.device, exc)
+            if (msg := self._read()) is None:
                 continue
             if msg["op"] == "status":
                 self._blocking = msg.get("why", self._blocking)
             elif msg["op"] == "grant" and msg.get("round") == round:
                 self._round = round
                 return
+
+    def _read(self) -> dict | None:
+        """The arbiter's message waiting on the socket; None for a malformed one (logged)."""
+        try:
+            return protocol.decode(self._socket.recv(), protocol.SERVER_OPS)
+        except ProtocolError as exc:
+            log.warning("device %s: ignored a message from the arbiter: %s", self.device, exc)
+            return None
 
     def _ask_who_blocks(self, wait_s: float = 0.5) -> None:
         """Update ``_blocking`` from the arbiter's answer to a ping (if one comes soon). The
@@ -74,9 +78,7 @@ class ArbiterClient(DeviceLock):
         self._send("ping")
         deadline = self.clock.monotonic() + wait_s
         while (left := deadline - self.clock.monotonic()) > 0 and self._socket.poll(left * 1000):
-            try:
-                msg = protocol.decode(self._socket.recv(), protocol.SERVER_OPS)
-            except ProtocolError:
+            if (msg := self._read()) is None:
                 continue
             if msg["op"] == "status":
                 self._blocking = msg.get("why", self._blocking)
@@ -95,11 +97,7 @@ class ArbiterClient(DeviceLock):
             left -= self.clock.monotonic() - start
             if not ready:
                 continue
-            try:
-                msg = protocol.decode(self._socket.recv(), protocol.SERVER_OPS)
-            except ProtocolError as exc:
-                log.warning("device %s: ignored a message from the arbiter: %s",
-                            self.device, exc)
+            if (msg := self._read()) is None:
                 continue
             if msg["op"] == "revoked" and msg.get("round") == self._round:
                 log.warning("device %s: job %s rank %d: the arbiter revoked the grant of "
