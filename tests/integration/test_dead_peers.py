@@ -324,25 +324,25 @@ def _pid_of_rank(launch_pid: int, rank: int) -> int | None:
     return None
 
 
-@pytest.mark.slow
-def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
-    rounds, victim = 50, 3
-    run_dir = tmp_path / "run"
+def _launch_and_kill(run_dir: Path, *, peers: int, rounds: int, victim: int, after: int,
+                     flags: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str, int]:
+    """`gossip launch` whose rank ``victim`` is SIGKILLed once it recorded ``after`` rounds:
+    the finished launcher, its output and error, and the rounds the victim had recorded."""
     launch = subprocess.Popen(
-        [sys.executable, "-m", "gossip", "launch", "--peers", "8", "--rounds", str(rounds),
-         "--run-dir", str(run_dir), "--timeout", "30", "--dead-after", "1",
-         "--compute-delay", "0.02", "--tolerate-deaths", "1"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "gossip", "launch", "--peers", str(peers), "--rounds",
+         str(rounds), "--run-dir", str(run_dir), "--timeout", "30", "--dead-after", "1",
+         "--compute-delay", "0.02", *flags],
+        cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
         def victim_under_way() -> int | None:
             assert launch.poll() is None, launch.communicate()
             path = run_dir / f"peer-{victim}.jsonl"
-            return path.exists() and len(read_jsonl(path)) >= 8 and _pid_of_rank(launch.pid,
-                                                                                   victim)
+            return path.exists() and len(read_jsonl(path)) >= after and _pid_of_rank(
+                launch.pid, victim)
 
-        pid = wait_until(victim_under_way, 90, "the victim to get 8 rounds in")
-        os.kill(pid, signal.SIGKILL)
+        os.kill(wait_until(victim_under_way, 90, f"the victim to get {after} rounds in"),
+                signal.SIGKILL)
         killed_after = len(read_jsonl(run_dir / f"peer-{victim}.jsonl"))
         out, err = launch.communicate(timeout=120)
     finally:
@@ -353,6 +353,16 @@ def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
         if topology.exists():  # a killed peer leaves its Unix socket file behind
             ipc = local_ipc(Topology.from_yaml(topology).address(victim))
             Path(ipc.removeprefix("ipc://")).unlink(missing_ok=True)
+    return launch, out, err, killed_after
+
+
+@pytest.mark.slow
+def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
+    rounds, victim = 50, 3
+    run_dir = tmp_path / "run"
+    launch, out, err, killed_after = _launch_and_kill(
+        run_dir, peers=8, rounds=rounds, victim=victim, after=8,
+        flags=("--tolerate-deaths", "1"))
     assert launch.returncode == 0, err
     assert re.search(rf"peer {victim} died \(killed by SIGKILL\) after \d+ round", err + out)
     assert re.search(rf"peer {victim} lost: noticed by 7 of 7 survivors", out), out
@@ -368,33 +378,9 @@ def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
 def test_launch_exits_non_zero_naming_a_peer_that_died_uninvited(tmp_path):
     """The survivors finish, the table is printed, and the exit status says a peer died
     (it was 0 as long as one peer finished)."""
-    rounds, victim = 40, 1
-    run_dir = tmp_path / "run"
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "gossip", "launch", "--peers", "3", "--rounds", str(rounds),
-         "--run-dir", str(run_dir), "--timeout", "30", "--dead-after", "1",
-         "--compute-delay", "0.02"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    try:
-        def victim_under_way() -> int | None:
-            assert launch.poll() is None, launch.communicate()
-            path = run_dir / f"peer-{victim}.jsonl"
-            return path.exists() and len(read_jsonl(path)) >= 3 and _pid_of_rank(launch.pid,
-                                                                                   victim)
-
-        os.kill(wait_until(victim_under_way, 90, "the victim to get 3 rounds in"),
-                signal.SIGKILL)
-        out, err = launch.communicate(timeout=120)
-    finally:
-        if launch.poll() is None:
-            os.killpg(launch.pid, signal.SIGKILL)
-            launch.wait()
-        topology = run_dir / "topology.yaml"
-        if topology.exists():
-            ipc = local_ipc(Topology.from_yaml(topology).address(victim))
-            Path(ipc.removeprefix("ipc://")).unlink(missing_ok=True)
+    launch, out, err, _ = _launch_and_kill(tmp_path / "run", peers=3, rounds=40, victim=1,
+                                           after=3)
     assert launch.returncode == 1, (out, err)
     assert "mean test accuracy" in out
-    assert re.search(rf"^error: 1 peer\(s\) died: peer {victim} died \(killed by SIGKILL\) "
+    assert re.search(rf"^error: 1 peer\(s\) died: peer 1 died \(killed by SIGKILL\) "
                      rf"after \d+ round\(s\); logs in ", err, re.M), err
