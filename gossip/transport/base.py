@@ -22,6 +22,8 @@ log = logging.getLogger("gossip.transport")
 DEFAULT_MAX_PENDING_BYTES = DEFAULT_MAX_BYTES
 BYE = "bye"  # internal: the sender is done and sends nothing more
 INTERNAL = CONTROL | {BYE}  # kinds every transport accepts and handles itself
+BUSY = ("; it is alive (its link answers heartbeats), so it is busy, not dead: a lockstep round "
+        "waits --timeout for a peer computing longer than its neighbours, raise it")
 
 
 class Transport(ABC):
@@ -120,12 +122,10 @@ class Transport(ABC):
         """``rank`` restarted listening at ``endpoint`` (its join said): reach it there."""
 
     def _restarted(self, rank: int) -> None:
-        """``rank`` restarted (it asked to rejoin): forget what was set up with its old
-        process."""
+        """``rank`` restarted (it asked to rejoin): forget its old process's set-up."""
 
     def _poll_liveness(self) -> bool:
-        """Read what is known about the peers' connections; True if that declared a peer
-        dead just now."""
+        """Read what is known of the peers' connections; True if a peer was just judged dead."""
         return False
 
     def _link_up(self, rank: int) -> bool:
@@ -229,11 +229,11 @@ class Transport(ABC):
                 continue  # woken early: a peer was declared dead
             if frames is None:
                 who = self.describe(src) if src is not None else "any peer"
+                busy = src is not None and self.alive(src)  # busy, not dead: say so
                 raise PeerTimeout(
                     f"rank {self.rank}: no {kind or 'message'} from {who} for round "
                     f"{round if round is not None else 'any'} within {limit:g} s"
-                    f"{self.stats.rejected_since(rejected_before)}"
-                )
+                    f"{self.stats.rejected_since(rejected_before)}" + (BUSY if busy else ""))
             msg = self._accept(frames, want=(src, kind, round))
             if msg is not None:
                 return msg
