@@ -18,6 +18,7 @@ The segments themselves, their records and the envelope are shm_segments.py's.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from gossip.errors import PeerTimeout, ProtocolError
@@ -29,6 +30,12 @@ log = logging.getLogger("gossip.transport")
 # The handshake's message kinds, handled by the transport itself.
 OFFER, ACCEPT, REFUSE = "shm.offer", "shm.accept", "shm.refuse"
 KINDS = frozenset({OFFER, ACCEPT, REFUSE})
+
+
+def available() -> bool:
+    """Whether this platform has the segments: memfd and /proc, i.e. Linux (elsewhere, e.g.
+    macOS, every frame goes over the socket)."""
+    return hasattr(os, "memfd_create")
 
 
 def validate(msg: Message) -> None:

@@ -81,7 +81,7 @@ class ZmqTransport(Transport):
         self._zap: ZapHandler | None = None
         self._watch: ConnectionWatch | None = None
         self._links = LinkWatch(dead_after, now=self.clock.monotonic)
-        self.shared_memory = (shared_memory and local_ipc and keys is None
+        self.shared_memory = (shared_memory and local_ipc and keys is None and shm.available()
                               and os.environ.get("GOSSIP_SHARED_MEMORY", "1") != "0")
         self._shm = shm.SharedMemory(rank, self._send_own, self.describe, self.shared_memory,
                                      reachable=self._on_this_machine)

@@ -310,6 +310,18 @@ def test_a_receiver_without_shared_memory_refuses_and_all_goes_over_the_socket()
         assert t0.stats.messages_rejected == t1.stats.messages_rejected == 0
 
 
+def test_a_platform_without_memfd_sends_large_frames_over_the_socket(transports, monkeypatch):
+    """macOS has no os.memfd_create: the first large frame to a local peer raised
+    AttributeError (only OSError fell back to the socket); now nothing offers a segment."""
+    monkeypatch.delattr(os, "memfd_create")
+    t0, t1 = transports(2)
+    t0.send(1, Message("gossip", 0, buffers=(torch.full((BIG,), 3.0),)))
+    msg = t1.recv(kind="gossip", round=0)
+    assert in_shared_memory(msg) == [False] and torch.equal(msg.buffers[0],
+                                                            torch.full((BIG,), 3.0))
+    assert not t0.shared_memory and "shm.offer" not in t0.stats.by_kind
+
+
 def test_only_unkeyed_peers_on_loopback_over_ipc_are_offered_shared_memory():
     endpoints = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]
     assert ZmqTransport(0, endpoints).shared_memory
