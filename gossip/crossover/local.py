@@ -46,7 +46,9 @@ class LocalArbiter:
             self._rotations[device] = Rotation(device, patience_s=self.patience_s)
         return self._rotations[device]
 
-    def _acquire(self, lock: LocalDevice, round: int) -> None:
+    def acquire(self, lock: LocalDevice, round: int) -> None:
+        """Wait until ``lock``'s rank holds its device for ``round`` (PeerTimeout after
+        ``lock.timeout``)."""
         deadline = time.monotonic() + lock.timeout
         with self._cond:
             rotation = self._rotation(lock.device)
@@ -72,7 +74,7 @@ class LocalArbiter:
                     wake = min(wake, rotation.holder.t_grant + self.max_hold_s - now)
                 self._cond.wait(max(wake, 0.001))
 
-    def _sleep(self, lock: LocalDevice, round: int, seconds: float) -> None:
+    def hold(self, lock: LocalDevice, round: int, seconds: float) -> None:
         """Emulated device time, paused while the grant is revoked: a holder past
         ``max_hold_s`` waits for the device again before the rest."""
         left = seconds
@@ -83,19 +85,21 @@ class LocalArbiter:
                     log.warning("device %s: job %s rank %d: grant of round %d revoked (held "
                                 "past max_hold_s); waiting for the device again",
                                 lock.device, lock.job, lock.rank, round)
-                    self._acquire(lock, round)
+                    self.acquire(lock, round)
                     continue
                 # Only a waiter revokes (a lone holder keeps the device), and it notifies.
                 start = time.monotonic()
                 self._cond.wait(left)
                 left -= time.monotonic() - start
 
-    def _release(self, lock: LocalDevice) -> None:
+    def release(self, lock: LocalDevice) -> None:
+        """``lock``'s rank is done with its device for this round."""
         with self._cond:
             self.log.write(self._rotation(lock.device).release(lock.job, lock.rank, time.time()))
             self._cond.notify_all()
 
-    def _leave(self, lock: LocalDevice) -> None:
+    def leave(self, lock: LocalDevice) -> None:
+        """``lock``'s rank leaves its device's rotation."""
         with self._cond:
             self.log.write(self._rotation(lock.device).leave(lock.job, lock.rank, time.time()))
             self._cond.notify_all()
@@ -111,18 +115,18 @@ class LocalDevice(DeviceLock):
         self._round: int | None = None  # of the grant held
 
     def acquire(self, round: int) -> None:
-        self.arbiter._acquire(self, round)
+        self.arbiter.acquire(self, round)
         self._round = round
 
     def sleep(self, seconds: float) -> None:
         if self._round is None:  # not in a compute phase: nothing to hold
             time.sleep(seconds)
         else:
-            self.arbiter._sleep(self, self._round, seconds)
+            self.arbiter.hold(self, self._round, seconds)
 
     def release(self, round: int) -> None:
         self._round = None
-        self.arbiter._release(self)
+        self.arbiter.release(self)
 
     def close(self) -> None:
-        self.arbiter._leave(self)
+        self.arbiter.leave(self)

@@ -73,14 +73,13 @@ def _ipv6_loopback_missing() -> str | None:
     return None
 
 
+@pytest.mark.skipif(_ipv6_loopback_missing() is not None,
+                    reason=str(_ipv6_loopback_missing()))
 @pytest.mark.parametrize("local_ipc", [False, True], ids=["tcp", "unix-socket"])
 def test_peers_meet_and_talk_over_ipv6(local_ipc, run_peers):
     """A store at tcp://[::1]:PORT (rank 0 serves it), peers that bind and publish IPv6
     addresses and reach each other at them: over TCP, and over the same-host Unix sockets
     their IPv6 endpoints name. Three peers, a vector of odd length: D-PSGD equals W @ x."""
-    reason = _ipv6_loopback_missing()
-    if reason is not None:
-        pytest.skip(reason)
     size, n = 3, 1_001
     port = free_ports(1)[0]  # c10d's server listens on IPv4 and IPv6 alike
     graph_only = Topology.from_dict({"graph": {"kind": "ring"}}, size=size)
