@@ -275,12 +275,13 @@ class ZmqTransport(Transport):
         return frames
 
     def _drop_rest(self, frames: list) -> None:
-        """Read the rest of an oversized message into a scratch buffer, counted; reject it."""
-        pull, scratch = self._pull, bytearray(64)
+        """Read the rest of an oversized message frame by frame, each let go as the next comes
+        (constant memory; the frame's ``more``, not a socket option per frame: fast); reject it."""
+        recv, frame = self._pull.recv, frames[-1]
         count, size = len(frames), sum(len(codec.frame_buffer(f)) for f in frames)
-        get, recv_into = pull.get, pull.recv_into
-        while get(zmq.RCVMORE):
-            size += recv_into(scratch)  # the frame's full length, whatever fits the scratch
+        while frame.more:
+            frame = recv(copy=False)
+            size += len(frame)
             count += 1
         self.stats.bytes_recv += size
         self.reject(f"message of {count} frames, more than the {MAX_FRAMES} of any valid "
