@@ -79,7 +79,8 @@ def test_every_strategy_and_mode_is_a_row_and_a_column():
 # -- every refused cell is one line, from each entry ----------------------------------------
 @pytest.mark.parametrize("row, column", [
     (row, column) for row in matrix.rows() for column in matrix.features()
-    if matrix.cell(row, column) is not None], ids=str)
+    if matrix.cell(row, column) is not None],
+    ids=lambda v: v.label if isinstance(v, matrix.Row) else v.name)  # stable across processes
 def test_a_refused_cell_is_one_config_error_naming_mode_and_strategy(row, column):
     with pytest.raises(ConfigError) as info:
         matrix.check(row.strategy, row.options, {column.name})
