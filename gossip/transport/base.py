@@ -15,15 +15,14 @@ from gossip.transport.membership import CONTROL, Membership, Network
 from gossip.transport.message import Message
 from gossip.transport.pending import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, PendingMessages
 from gossip.transport.stats import TransportStats
+from gossip.transport.waits import PROBE, Waits, describe_cycle, validate_probe
 
 log = logging.getLogger("gossip.transport")
 
 # Messages that arrived before anyone asked for them are kept, up to this many bytes.
 DEFAULT_MAX_PENDING_BYTES = DEFAULT_MAX_BYTES
 BYE = "bye"  # internal: the sender is done and sends nothing more
-INTERNAL = CONTROL | {BYE}  # kinds every transport accepts and handles itself
-BUSY = ("; it is alive (its link answers heartbeats), so it is busy, not dead: a lockstep round "
-        "waits --timeout for a peer computing longer than its neighbours, raise it")
+INTERNAL = CONTROL | {BYE, PROBE}  # kinds every transport accepts and handles itself
 
 
 class Transport(ABC):
@@ -83,6 +82,7 @@ class Transport(ABC):
             resend=self._send_encoded, pump=self._pump, never_reached=self._never_reached,
             restarted=self._restarted, discard_before=self.pending.discard_before,
             moved=self._moved))
+        self.waits = Waits(rank, self.send)  # a lockstep wait on a live peer, deadlocks
         self._sends = SendWatch(rank=rank, clock=self.clock, timeout=timeout,
                                 describe=self.describe, check=self._check_delivery)
 
@@ -185,6 +185,8 @@ class Transport(ABC):
         trackers = self._send_frames(dst, header, frames, track,
                                      codec.received_frames(msg, frames))
         self.contacts.add(dst)
+        if msg.kind not in INTERNAL and msg.kind not in self.own_kinds:
+            self.waits.sent[dst] += 1
         self.stats.sent(msg.kind, len(header) + sum(f.numel() for f in frames))
         self.membership.sent(dst, msg.kind, msg.round, header, frames)
         return Delivery(self._sends, dst, trackers, msg.kind)
@@ -199,8 +201,13 @@ class Transport(ABC):
     ) -> Message:
         """The oldest message matching every given field; others are kept for later calls.
 
+        A lockstep receive (``src`` given, default timeout) waits as long as ``src`` is
+        alive (busy, not dead) unless a message was rejected meanwhile; it gives up on a
+        deadlock instead (transport/waits.py).
+
         Raises:
-            PeerTimeout: nothing matching arrived within ``timeout`` (default: self.timeout).
+            PeerTimeout: nothing matching arrived within ``timeout`` (default: self.timeout),
+                or (lockstep) this peer waits in a cycle of peers each waiting for the next.
             PeerGone: it never will: ``src`` is dead or left (its goodbye came first), or
                 (all-peer kinds) any peer is dead.
             CollectiveAborted: an all-peer round abandoned because a peer rejoined.
@@ -215,8 +222,22 @@ class Transport(ABC):
         limit = self.timeout if timeout is None else timeout
         deadline = clock.monotonic() + limit
         rejected_before = self.stats.messages_rejected
+        lockstep = src is not None and timeout is None
+        if lockstep:
+            self.waits.begin(src)
+        try:
+            return self._wait(src, kind, round, limit, deadline, rejected_before, lockstep)
+        finally:
+            self.waits.end()
+
+    def _wait(self, src, kind, round, limit, deadline, rejected_before, lockstep) -> Message:
+        clock, waits = self.clock, self.waits
         while True:
             self.membership.check(src, kind, round)
+            if waits.cycle is not None:
+                raise PeerTimeout(f"rank {self.rank}: deadlock waiting for the {kind or 'message'} "
+                                  f"of round {round} from {self.describe(src)}: "
+                                  f"{describe_cycle(self.rank, waits.cycle, self.describe)}")
             if src in self.departed:  # per-pair FIFO: what it sent before its goodbye is here
                 raise PeerGone(f"rank {self.rank}: {self.describe(src)} left the run (said "
                                f"goodbye) without sending the {kind or 'message'} of round "
@@ -228,12 +249,18 @@ class Transport(ABC):
             if frames is None and deadline > clock.monotonic():
                 continue  # woken early: a peer was declared dead
             if frames is None:
+                if (lockstep and self.alive(src)  # busy, not dead: wait on, ask for cycles
+                        and self.stats.messages_rejected == rejected_before):
+                    if waits.probe():
+                        log.info("rank %d: waiting beyond %g s for %s, which is alive (busy)",
+                                 self.rank, limit, self.describe(src))
+                    deadline = clock.monotonic() + limit
+                    continue
                 who = self.describe(src) if src is not None else "any peer"
-                busy = src is not None and self.alive(src)  # busy, not dead: say so
                 raise PeerTimeout(
                     f"rank {self.rank}: no {kind or 'message'} from {who} for round "
                     f"{round if round is not None else 'any'} within {limit:g} s"
-                    f"{self.stats.rejected_since(rejected_before)}" + (BUSY if busy else ""))
+                    f"{self.stats.rejected_since(rejected_before)}")
             msg = self._accept(frames, want=(src, kind, round))
             if msg is not None:
                 return msg
@@ -294,6 +321,8 @@ class Transport(ABC):
             internal = msg.kind in INTERNAL or msg.kind in self.own_kinds
             if msg.kind in CONTROL:
                 self.membership.validate(msg)
+            elif msg.kind == PROBE:
+                validate_probe(msg, self.size)
             elif msg.kind in self.own_kinds:
                 self._validate_internal(msg)
             wanted = want is not None and _matches(msg, *want)
@@ -315,12 +344,16 @@ class Transport(ABC):
             self.departed.add(msg.src)
         elif msg.kind in CONTROL:
             self.membership.control(msg)
+        elif msg.kind == PROBE:
+            self.waits.handle(msg)
         elif msg.kind in self.own_kinds:
             self._internal(msg)
-        elif wanted:
-            return msg
-        elif keep:
-            self.pending.add(msg, size)
+        else:
+            self.waits.heard[msg.src] += 1  # read: it can no longer wake a wait on its sender
+            if wanted:
+                return msg
+            if keep:
+                self.pending.add(msg, size)
         return None
 
     def _validate_internal(self, msg: Message) -> None:
