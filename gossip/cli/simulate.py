@@ -105,7 +105,7 @@ def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency
         return
     result = simulate_run(config, topology, run_dir, simulation,
                           progress=None if quiet else config.strategy)
-    from gossip.launch import check_deaths
+    from gossip.launching.processes import check_deaths
 
     deaths = result.deaths(asynchronous=config.asynchronous)
     died = {death.rank for death in deaths}

@@ -34,8 +34,8 @@ from gossip.config import TrainConfig, load_yaml
 from gossip.crossover.jobs import Job, launch_jobs
 from gossip.errors import ConfigError, GossipError
 from gossip.experiment.spec import _known  # the same field check as experiment files
-from gossip.launch import LaunchFailed
-from gossip.zygote import Zygote
+from gossip.launching.forkserver import Zygote
+from gossip.launching.processes import LaunchFailed
 
 ARMS = {"sequential": "crossover", "naive": "slices", "crossover": "crossover", "fifo": "fifo"}
 _TOP = ("name", "description", "peers", "netns", "repeats", "drop", "slice_s", "train", "jobs",
@@ -101,12 +101,13 @@ def load_crossover(path: str | Path) -> CrossoverExperiment:
         slice_s=float(slice_s), points=tuple(points), source=dict(data))
 
 
-def run_crossover(spec: CrossoverExperiment, out: Path, *,
-                  echo: Callable[[str], None] = print) -> list[str]:
-    """Every point in every arm, ``repeats`` times, arms interleaved; returns what failed."""
+def run_crossover(spec: CrossoverExperiment, out: Path, *, echo: Callable[[str], None] = print,
+                  zygote: Zygote | None = None) -> list[str]:
+    """Every point in every arm, ``repeats`` times, arms interleaved; returns what failed.
+    With ``zygote`` (30-40 launches) peers are forked from it, not each importing torch."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dict(spec.source), sort_keys=False))
-    failed, zygote = [], Zygote()  # 30-40 launches: peers forked, not each importing torch
+    failed = []
     for rep in range(spec.repeats):
         for point in spec.points:
             for arm in point.arms:
