@@ -169,7 +169,7 @@ def sim_fit(experiment_dir, fit_on, latency, compute_model):
     import numpy as np
 
     from gossip.bench.harness import format_table
-    from gossip.experiment.analysis import run_dirs
+    from gossip.metrics import run_dirs
     from gossip.sim.fit import RealRun, fit_costs, predict, write_report
     from gossip.sim.network import NetworkModel
 

@@ -33,7 +33,7 @@ import yaml
 from gossip.config import TrainConfig, load_yaml
 from gossip.crossover.jobs import Job, launch_jobs
 from gossip.errors import ConfigError, GossipError
-from gossip.experiment.spec import _known  # the same field check as experiment files
+from gossip.experiment.spec import check_fields  # the same check as experiment files
 from gossip.launching.forkserver import Zygote
 from gossip.launching.processes import LaunchFailed
 
@@ -66,7 +66,7 @@ class CrossoverExperiment:
 def load_crossover(path: str | Path) -> CrossoverExperiment:
     """Parse and check an experiment file; errors name the file and the field."""
     data, source = load_yaml(path), str(path)
-    _known(data, _TOP, source)
+    check_fields(data, _TOP, source)
     train = data.get("train") or {}
     peers = _positive(data.get("peers", 4), "peers", source)
     jobs = data.get("jobs", ["a", "b"])
@@ -75,7 +75,7 @@ def load_crossover(path: str | Path) -> CrossoverExperiment:
     points = []
     for index, item in enumerate(data.get("points") or []):
         where = f"{source}: points[{index}]"
-        _known(item, _POINT, where)
+        check_fields(item, _POINT, where)
         merged = {**train, **(item.get("train") or {})}
         if isinstance(train.get("delays"), Mapping) and "delays" in (item.get("train") or {}):
             merged["delays"] = {**train["delays"], **item["train"]["delays"]}
