@@ -36,7 +36,7 @@ _LAZY = {
     "COMPRESSORS": "gossip.compress",
     "Compressor": "gossip.compress",
     "TrainConfig": "gossip.config",
-    "train": "gossip.training",
+    "train": "gossip.training.synchronous",
     "Clock": "gossip.clock",
     "ManualClock": "gossip.clock",
 }

@@ -24,7 +24,7 @@ import torch
 from gossip.errors import CheckpointError
 
 FORMAT = 1
-#: Keys every checkpoint holds (see gossip.training for what they mean).
+#: Keys every checkpoint holds (see gossip.training.synchronous for what they mean).
 REQUIRED = ("format", "rank", "strategy", "task", "round", "model", "optimizer", "strategy_state",
             "torch_rng", "batches_drawn", "lost_peers")
 

@@ -55,7 +55,7 @@ class TrainConfig:
         budget_seconds: ... or once this many seconds of training have passed (0: none).
         snapshot_seconds: An asynchronous strategy's peers save their model every this many
             seconds of wall clock (and at the end) in the run directory's ``snapshots``, the
-            consensus is measured from (gossip.snapshots); 0: no snapshots.
+            consensus is measured from (gossip.training.snapshots); 0: no snapshots.
     """
 
     strategy: str = ""  # empty: the default strategy (gossip.strategies.DEFAULT)

@@ -17,7 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsWriter", "Stopwatch", "last_record", "read_jsonl"]
+import yaml
+
+from gossip.errors import ConfigError
+
+__all__ = ["MetricsWriter", "Stopwatch", "last_record", "read_jsonl", "run_dirs"]
 
 
 def _jsonable(value: Any) -> Any:
@@ -226,3 +230,23 @@ class Stopwatch:
             out = {name: self._since.get(name, 0.0) for name in self._totals}
             self._since = {}
             return out
+
+
+def run_dirs(path: Path) -> list[Path]:
+    """The run directories under ``path`` in experiment order (``path`` itself if it is
+    one run's directory)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such directory")
+    if any(path.glob("peer-*.jsonl")):
+        return [path]
+    order: list[str] = []
+    spec = path / "experiment.yaml"
+    if spec.exists():
+        order = [r.get("name") for r in (yaml.safe_load(spec.read_text()) or {}).get("runs", [])
+                 if isinstance(r, dict)]
+    found = {d.name: d for d in path.iterdir() if d.is_dir() and any(d.glob("peer-*.jsonl"))}
+    if not found:
+        raise ConfigError(f"{path}: no run directories (with peer-R.jsonl files) in it")
+    return [found[n] for n in order if n in found] + sorted(
+        d for n, d in found.items() if n not in order)

@@ -16,6 +16,12 @@ def main():
     """gossip: decentralized deep learning over ZeroMQ."""
 
 
+def run_forked(args: list[str]) -> None:
+    """A forked peer's entry point (``gossip.launching.forkserver``): what `python -m gossip
+    ARGS` runs. The server imports it by name, so ``gossip.cli`` first: every command."""
+    main(args=args, prog_name="gossip")
+
+
 def fail_cleanly(fn):
     """GossipError -> one line on stderr and exit 1; Ctrl-C -> exit 130."""
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from gossip.cli.common import fail_cleanly, main
+from gossip.cli.common import fail_cleanly, main, run_forked
 from gossip.errors import GossipError
 
 
@@ -25,12 +25,13 @@ def crossover():
 def crossover_run(path, out):
     """Run every point of the file in every arm, repeated and interleaved, then report."""
     from gossip.crossover.experiment import load_crossover, run_crossover
+    from gossip.launching.forkserver import Zygote
 
     spec = load_crossover(path)
     out = Path(out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{spec.name}")
     click.echo(f"experiment {spec.name}: {len(spec.points)} points x {spec.repeats} repeats "
                f"-> {out}")
-    failed = run_crossover(spec, out, echo=click.echo)
+    failed = run_crossover(spec, out, echo=click.echo, zygote=Zygote(run_forked))
     _report(out, path)
     if failed:
         raise GossipError(f"failed: {', '.join(failed)} (logs in their directories)")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from gossip.cli.common import fail_cleanly, main
+from gossip.cli.common import fail_cleanly, main, run_forked
 from gossip.errors import ConfigError, GossipError
 
 
@@ -26,11 +26,13 @@ def experiment_run(path, out, only):
     """Run every run of the experiment file, then plot them (like `gossip plot OUT`)."""
     from gossip.experiment import load_experiment, report, run_experiment
     from gossip.experiment.runner import default_out
+    from gossip.launching.forkserver import Zygote
 
     spec = load_experiment(path)
     out = Path(out) if out else default_out(spec)
     click.echo(f"experiment {spec.name}: {len(spec.runs)} runs -> {out}")
-    failed = run_experiment(spec, out, only=tuple(only), echo=click.echo)
+    failed = run_experiment(spec, out, only=tuple(only), echo=click.echo,
+                            zygote=Zygote(run_forked))  # every run's peers forked: no imports
     ran = [run for run in spec.runs if not only or run.name in only]
     sizes_only = [run for run in ran if run.simulation and run.simulation.sizes_only]
     if len(sizes_only) < len(ran):  # sizes-only runs record no training curves

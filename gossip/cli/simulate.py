@@ -105,7 +105,7 @@ def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency
         return
     result = simulate_run(config, topology, run_dir, simulation,
                           progress=None if quiet else config.strategy)
-    from gossip.launch import check_deaths
+    from gossip.launching.processes import check_deaths
 
     deaths = result.deaths(asynchronous=config.asynchronous)
     died = {death.rank for death in deaths}
@@ -169,7 +169,7 @@ def sim_fit(experiment_dir, fit_on, latency, compute_model):
     import numpy as np
 
     from gossip.bench.harness import format_table
-    from gossip.experiment.analysis import run_dirs
+    from gossip.metrics import run_dirs
     from gossip.sim.fit import RealRun, fit_costs, predict, write_report
     from gossip.sim.network import NetworkModel
 

@@ -11,7 +11,7 @@ def run_summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
     # Imported here, as every command's work is: `gossip --help` stays free of torch.
     from gossip.bench.harness import format_table
     from gossip.metrics import read_jsonl
-    from gossip.snapshots import final_consensus
+    from gossip.training.snapshots import final_consensus
 
     died = {death.rank: death for death in deaths}
     rows, last = [], {}
@@ -40,7 +40,7 @@ def run_summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
     elif snapshot := final_consensus(run_dir / "snapshots"):  # an asynchronous run's
         when = "final models" if snapshot["tick"] is None else "last snapshot"
         lines[-1] += (f"; consensus distance {snapshot['consensus']:.3g} ({when} of "
-                      f"{snapshot['peers']} peers, gossip.snapshots)")
+                      f"{snapshot['peers']} peers, gossip.training.snapshots)")
     else:  # a rank only serves, or the strategy has no round all peers could probe in
         lines[-1] += ("; consensus not measured (a rank only serves, or an asynchronous "
                       "strategy)")

@@ -174,7 +174,7 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
     from gossip.metrics import MetricsWriter, read_jsonl
     from gossip.peer import Peer
     from gossip.rendezvous.cli import Meeting
-    from gossip.training import train
+    from gossip.training.synchronous import train
 
     config = _train_config(config_path, strategy_options, **flags)
     shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
@@ -274,10 +274,10 @@ def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key
     """
     from gossip.cli.summary import run_summary
     from gossip.crossover.connect import device_config
-    from gossip.launch import LaunchFailed, check_deaths
+    from gossip.launching.plan import launch_run
+    from gossip.launching.processes import LaunchFailed, check_deaths
     from gossip.matrix import check_run
     from gossip.netutil import free_ports
-    from gossip.run import launch_run
     from gossip.topology import Topology
 
     config = _train_config(config_path, strategy_options, **flags)

@@ -33,9 +33,9 @@ import yaml
 from gossip.config import TrainConfig, load_yaml
 from gossip.crossover.jobs import Job, launch_jobs
 from gossip.errors import ConfigError, GossipError
-from gossip.experiment.spec import _known  # the same field check as experiment files
-from gossip.launch import LaunchFailed
-from gossip.zygote import Zygote
+from gossip.experiment.spec import check_fields  # the same check as experiment files
+from gossip.launching.forkserver import Zygote
+from gossip.launching.processes import LaunchFailed
 
 ARMS = {"sequential": "crossover", "naive": "slices", "crossover": "crossover", "fifo": "fifo"}
 _TOP = ("name", "description", "peers", "netns", "repeats", "drop", "slice_s", "train", "jobs",
@@ -66,7 +66,7 @@ class CrossoverExperiment:
 def load_crossover(path: str | Path) -> CrossoverExperiment:
     """Parse and check an experiment file; errors name the file and the field."""
     data, source = load_yaml(path), str(path)
-    _known(data, _TOP, source)
+    check_fields(data, _TOP, source)
     train = data.get("train") or {}
     peers = _positive(data.get("peers", 4), "peers", source)
     jobs = data.get("jobs", ["a", "b"])
@@ -75,7 +75,7 @@ def load_crossover(path: str | Path) -> CrossoverExperiment:
     points = []
     for index, item in enumerate(data.get("points") or []):
         where = f"{source}: points[{index}]"
-        _known(item, _POINT, where)
+        check_fields(item, _POINT, where)
         merged = {**train, **(item.get("train") or {})}
         if isinstance(train.get("delays"), Mapping) and "delays" in (item.get("train") or {}):
             merged["delays"] = {**train["delays"], **item["train"]["delays"]}
@@ -101,12 +101,13 @@ def load_crossover(path: str | Path) -> CrossoverExperiment:
         slice_s=float(slice_s), points=tuple(points), source=dict(data))
 
 
-def run_crossover(spec: CrossoverExperiment, out: Path, *,
-                  echo: Callable[[str], None] = print) -> list[str]:
-    """Every point in every arm, ``repeats`` times, arms interleaved; returns what failed."""
+def run_crossover(spec: CrossoverExperiment, out: Path, *, echo: Callable[[str], None] = print,
+                  zygote: Zygote | None = None) -> list[str]:
+    """Every point in every arm, ``repeats`` times, arms interleaved; returns what failed.
+    With ``zygote`` (30-40 launches) peers are forked from it, not each importing torch."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dict(spec.source), sort_keys=False))
-    failed, zygote = [], Zygote()  # 30-40 launches: peers forked, not each importing torch
+    failed = []
     for rep in range(spec.repeats):
         for point in spec.points:
             for arm in point.arms:

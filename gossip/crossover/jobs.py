@@ -21,13 +21,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gossip import launch
 from gossip.config import TrainConfig
 from gossip.crossover.connect import DeviceConfig
 from gossip.errors import ConfigError, GossipError
+from gossip.launching import processes as launch
+from gossip.launching.forkserver import Zygote
+from gossip.launching.plan import place_run
 from gossip.matrix import check_run
-from gossip.run import place_run
-from gossip.zygote import Zygote
 
 #: How jobs share a device: an arbiter process with this patience, or lock files.
 SHARING = {"crossover": math.inf, "fifo": 0.0, "flock": None, "slices": None}

@@ -10,8 +10,8 @@ import dataclasses
 
 from gossip.clock import Clock
 from gossip.crossover.base import DeviceLock, Hold
-from gossip.records import Record
-from gossip.training import Trainer, Work
+from gossip.training.records import Record
+from gossip.training.synchronous import Trainer, Work
 
 
 class _DeviceClock(Clock):

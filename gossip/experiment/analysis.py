@@ -54,26 +54,6 @@ class Curve:
         return float(self.bytes_sent[hit[0]]) if hit.size else None
 
 
-def run_dirs(path: Path) -> list[Path]:
-    """The run directories under ``path`` in experiment order (``path`` itself if it is
-    one run's directory)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ConfigError(f"{path}: no such directory")
-    if any(path.glob("peer-*.jsonl")):
-        return [path]
-    order: list[str] = []
-    spec = path / "experiment.yaml"
-    if spec.exists():
-        order = [r.get("name") for r in (yaml.safe_load(spec.read_text()) or {}).get("runs", [])
-                 if isinstance(r, dict)]
-    found = {d.name: d for d in path.iterdir() if d.is_dir() and any(d.glob("peer-*.jsonl"))}
-    if not found:
-        raise ConfigError(f"{path}: no run directories (with peer-R.jsonl files) in it")
-    return [found[n] for n in order if n in found] + sorted(
-        d for n, d in found.items() if n not in order)
-
-
 def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
     """Aggregate one run directory's ``peer-R.jsonl`` files."""
     config = _config(run_dir)

@@ -9,9 +9,10 @@ from pathlib import Path
 import yaml
 
 from gossip.errors import ConfigError
-from gossip.experiment.analysis import format_rows, load_curve, run_dirs, summarize
+from gossip.experiment.analysis import format_rows, load_curve, summarize
 from gossip.experiment.overlap import overlap_rows
 from gossip.experiment.plots import plot_curves
+from gossip.metrics import run_dirs
 
 
 def report(path: str | Path, *, target: float | None = None,

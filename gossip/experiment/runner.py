@@ -10,10 +10,10 @@ import yaml
 
 from gossip.errors import ConfigError, GossipError
 from gossip.experiment.spec import Experiment, Run
-from gossip.launch import check_deaths
+from gossip.launching.forkserver import Zygote
+from gossip.launching.processes import check_deaths
 from gossip.matrix import check_run
 from gossip.netutil import free_ports
-from gossip.zygote import Zygote
 
 
 def check_runs(experiment: Experiment) -> None:
@@ -35,11 +35,13 @@ def check_runs(experiment: Experiment) -> None:
 
 
 def run_experiment(experiment: Experiment, out: Path, *, only: tuple[str, ...] = (),
-                   echo: Callable[[str], None] = print, progress: bool = True) -> list[str]:
+                   echo: Callable[[str], None] = print, progress: bool = True,
+                   zygote: Zygote | None = None) -> list[str]:
     """Run the experiment's runs (or those named in ``only``) into ``out/<name>/``.
 
     Writes ``out/experiment.yaml`` (the experiment file as given). A run that fails is
-    reported and the next one starts; returns the names of the failed runs.
+    reported and the next one starts; returns the names of the failed runs. With ``zygote``
+    every run's peers are forked from its one server (no imports), else started as processes.
     """
     check_runs(experiment)
     for name in only:
@@ -47,7 +49,7 @@ def run_experiment(experiment: Experiment, out: Path, *, only: tuple[str, ...] =
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiment.yaml").write_text(yaml.safe_dump(dict(experiment.source),
                                                         sort_keys=False))
-    failed, zygote = [], Zygote()  # every run's peers forked from one server: no imports
+    failed = []
     for run in experiment.runs:
         if only and run.name not in only:
             continue
@@ -61,7 +63,7 @@ def run_experiment(experiment: Experiment, out: Path, *, only: tuple[str, ...] =
     return failed
 
 
-def _launch(run: Run, run_dir: Path, *, progress: bool, zygote: Zygote) -> float:
+def _launch(run: Run, run_dir: Path, *, progress: bool, zygote: Zygote | None) -> float:
     """Start the run's peers (in a virtual cluster when it has a rate), show one progress
     bar, wait for all; returns the seconds it took.
 
@@ -69,7 +71,7 @@ def _launch(run: Run, run_dir: Path, *, progress: bool, zygote: Zygote) -> float
         LaunchFailed: a peer exited non-zero (the others were stopped).
     """
     from gossip.cluster import parse_rate
-    from gossip.run import launch_run
+    from gossip.launching.plan import launch_run
 
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.glob("peer-*.jsonl"):  # a re-run must not mix with old records

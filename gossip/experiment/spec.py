@@ -76,7 +76,7 @@ def load_experiment(path: str | Path) -> Experiment:
 
 def parse_experiment(data: Mapping[str, Any], *, source: str = "experiment",
                      base_dir: Path = Path(".")) -> Experiment:
-    _known(data, _TOP, source)
+    check_fields(data, _TOP, source)
     runs_data = data.get("runs")
     if not isinstance(runs_data, list) or not runs_data:
         raise ConfigError(f"{source}: runs: expected a non-empty list of runs")
@@ -118,7 +118,7 @@ def parse_experiment(data: Mapping[str, Any], *, source: str = "experiment",
 def _run(name: str, top: Mapping[str, Any], train: Mapping[str, Any], item: Mapping[str, Any],
          where: str, base_dir: Path) -> Run:
     fields = list(TrainConfig.__dataclass_fields__)
-    _known(item, ("name", *_PLACEMENT, *fields), where)
+    check_fields(item, ("name", *_PLACEMENT, *fields), where)
     merged = dict(train)
     for key, value in item.items():
         if key in fields:
@@ -158,7 +158,9 @@ def _run(name: str, top: Mapping[str, Any], train: Mapping[str, Any], item: Mapp
                rate=rate, simulation=simulation)
 
 
-def _known(data: Any, allowed, where: str) -> None:
+def check_fields(data: Any, allowed, where: str) -> None:
+    """``data`` is a mapping of ``allowed`` fields only (ConfigError at ``where`` naming the
+    field, else): experiment files' check, and crossover experiment files'."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping")
     for key in data:

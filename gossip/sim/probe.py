@@ -1,6 +1,6 @@
 """The consensus probe computed by the simulator instead of exchanged (``--probe oracle``).
 
-The real probe (gossip/consensus.py) is a ring all-reduce over every peer: 2(P-1) messages
+The real probe (gossip/training/consensus.py) is a ring all-reduce over every peer: 2(P-1) messages
 per peer, two million of them per probe at P = 1,000, which would take a simulation far
 longer than the training it measures. The simulator can see every model, so it computes the
 same quantities directly: the peers meet (as the all-reduce makes them), the last to arrive
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from gossip.consensus import some_rank_only_serves
 from gossip.tasks import evaluate
+from gossip.training.consensus import some_rank_only_serves
 
 
 class Meetings:

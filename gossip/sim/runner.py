@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
-from gossip.launch import Death, progress
+from gossip.launching.processes import Death, progress
 from gossip.matrix import check_run
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
@@ -26,7 +26,7 @@ from gossip.sim.clock import ModelledCompute, parse_compute
 from gossip.sim.network import NetworkModel
 from gossip.sim.probe import Meetings, OracleProbe
 from gossip.sim.transport import SimWorld
-from gossip.training import Trainer, runner
+from gossip.training.synchronous import Trainer, runner
 
 log = logging.getLogger("gossip.sim")
 PROBES = ("exchange", "oracle")
@@ -190,7 +190,7 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
 
 def peer_threads() -> int:
     """torch's threads in a peer process of `gossip launch`, which starts them with
-    ``OMP_NUM_THREADS`` as set, else 1 (gossip/launch.py): the same threads sum the same
+    ``OMP_NUM_THREADS`` as set, else 1 (gossip/launching/processes.py): the same threads sum the same
     floats in the same order."""
     try:
         return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))

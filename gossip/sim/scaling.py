@@ -10,8 +10,7 @@ import numpy as np
 import yaml
 
 from gossip.errors import ConfigError
-from gossip.experiment.analysis import run_dirs
-from gossip.metrics import read_jsonl
+from gossip.metrics import read_jsonl, run_dirs
 from gossip.sim.compare import round_seconds
 
 # Simulated runs of this many peers or fewer were checked against real runs (bitwise

@@ -85,7 +85,7 @@ class Strategy(ABC):
     can_rejoin: ClassVar[bool] = False
     #: Peers run in lockstep rounds: a round waits for the neighbours' messages of it. An
     #: asynchronous strategy has no rounds: each peer runs to its own budget, ``poll`` and
-    #: ``finish`` progress and end its exchanges (gossip/async_training.py).
+    #: ``finish`` progress and end its exchanges (gossip/training/asynchronous.py).
     synchronous: ClassVar[bool] = True
     #: ``synchronize`` raises on a NaN/Inf result itself, so the transport need not check
     #: every incoming frame of its kinds.

@@ -1,6 +1,6 @@
 """Two jobs launched at once as `gossip peer` processes sharing their devices through the
 arbiter process the launcher starts (config.yaml's device section); the crossover
-experiment, whose peers are forked (gossip.zygote), run from its file as a user runs it."""
+experiment, whose peers are forked (gossip.launching.forkserver), run from its file as a user runs it."""
 
 from __future__ import annotations
 

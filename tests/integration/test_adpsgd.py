@@ -17,9 +17,9 @@ from gossip.device import HostStaging
 from gossip.errors import ConfigError
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
-from gossip.snapshots import consensus_over_time
 from gossip.tasks.digits import build_mlp
-from gossip.training import train
+from gossip.training.snapshots import consensus_over_time
+from gossip.training.synchronous import train
 from gossip.transport import LoopbackHub
 from support import peer_once_all_bound, run_in_threads
 

@@ -45,7 +45,7 @@ def test_a_killed_asynchronous_peer_is_injected_and_counted_in_steps(tmp_path):
 
 @pytest.mark.parametrize("tolerate, code", [(None, 1), ("1", 0)])
 def test_a_peer_failing_fails_the_simulated_run(tmp_path, monkeypatch, tolerate, code):
-    from gossip.training import Trainer
+    from gossip.training.synchronous import Trainer
 
     compute = Trainer.compute
 

@@ -14,7 +14,7 @@ from gossip.crossover import LocalArbiter
 from gossip.crossover.flock import SlicedDevice
 from gossip.crossover.grants import overlaps, read_grants, turn_breaks
 from gossip.crossover.trainer import DeviceTrainer
-from gossip.training import Trainer
+from gossip.training.synchronous import Trainer
 
 from support import make_local_topology, peer_once_all_bound
 

@@ -27,7 +27,7 @@ from gossip.rendezvous import Rendezvous
 from gossip.sim import simulate_run
 from gossip.strategies import STRATEGIES
 from gossip.topology import Topology
-from gossip.training import train
+from gossip.training.synchronous import train
 from gossip.transport import LoopbackHub
 
 from support import run_in_threads

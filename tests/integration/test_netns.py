@@ -18,7 +18,6 @@ import time
 import pytest
 import yaml
 
-from gossip import launch as launcher
 from gossip.cluster import (
     NetnsError,
     NetnsUnavailable,
@@ -32,6 +31,7 @@ from gossip.cluster import (
 from gossip.cluster import iproute
 from gossip.cluster import netns as netns_module
 from gossip.errors import ConfigError
+from gossip.launching import processes as launcher
 from gossip.metrics import read_jsonl
 from gossip.transport.endpoints import local_ipc
 

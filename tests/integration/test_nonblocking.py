@@ -15,7 +15,7 @@ from torch.nn.utils import parameters_to_vector
 from gossip.config import TrainConfig
 from gossip.faults import DelayConfig
 from gossip.tasks import create_task
-from gossip.training import train
+from gossip.training.synchronous import train
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -243,8 +243,8 @@ def test_peers_in_namespaces_advertise_their_own_ip_and_talk_over_the_links(tmp_
     their own network stacks) meet at rank 0's store: each advertises its namespace's IP
     (the source address towards the store) and, not being on one machine by the
     namespace, they talk over TCP: every byte crosses the capped links."""
-    from gossip import launch as launcher
     from gossip.cluster import VirtualCluster, unavailable_reason
+    from gossip.launching import processes as launcher
 
     reason = unavailable_reason()
     if reason is not None:

@@ -26,7 +26,7 @@ from gossip.metrics import MetricsWriter, read_jsonl
 from gossip.netutil import free_ports
 from gossip.peer import Peer
 from gossip.strategies.matcha import Matcha, MatchaOptions
-from gossip.training import train
+from gossip.training.synchronous import train
 from support import peer_once_all_bound, wait_until
 
 ROUNDS, EVERY, VICTIM = 40, 5, 2

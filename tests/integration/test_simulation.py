@@ -12,7 +12,7 @@ from gossip.config import TrainConfig
 from gossip.sim import NetworkModel, Simulation, simulate_run
 from gossip.sim.runner import peer_threads
 from gossip.topology import Topology
-from gossip.training import train
+from gossip.training.synchronous import train
 
 from support.peers import make_local_topology, peer_once_all_bound, run_in_threads
 

@@ -12,7 +12,7 @@ import torch
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 from gossip.peer import Peer
-from gossip.training import train
+from gossip.training.synchronous import train
 from gossip.transport import LoopbackHub, Message
 from gossip.transport.windowed import recv_latest
 from support import run_in_threads

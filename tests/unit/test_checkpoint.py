@@ -13,7 +13,7 @@ from gossip.config import TrainConfig
 from gossip.errors import CheckpointError, PeerTimeout, RejoinError
 from gossip.peer import Peer
 from gossip.topology import Topology
-from gossip.training import train
+from gossip.training.synchronous import train
 from gossip.transport import LoopbackHub
 from support import assert_same
 

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from gossip.metrics import MetricsWriter, read_jsonl
-from gossip.records import Record, lines_before
+from gossip.training.records import Record, lines_before
 
 SCHEMA = ["round", "time", "wall", "loss", "accuracy", "bytes_sent", "bytes_recv", "compute_s",
           "delay_s", "comm_s", "wait_s", "minibatches", "samples", "consensus", "avg_accuracy",

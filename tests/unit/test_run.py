@@ -8,17 +8,17 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from gossip import launch
-from gossip import run as run_module
 from gossip.cli import main
 from gossip.cluster import parse_rate
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 from gossip.experiment import load_experiment, run_experiment
+from gossip.launching import processes as launch
+from gossip.launching import plan as run_module
+from gossip.launching.plan import launch_run
 from gossip.metrics import MetricsWriter
-from gossip.records import Record
-from gossip.run import launch_run
 from gossip.topology import Topology
+from gossip.training.records import Record
 
 CONFIG = TrainConfig(rounds=2, batch_size=16)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from gossip.snapshots import SnapshotWriter, consensus_over_time, final_consensus
+from gossip.training.snapshots import SnapshotWriter, consensus_over_time, final_consensus
 
 
 def test_ticks_group_the_peers_snapshots_and_match_numpy(tmp_path):

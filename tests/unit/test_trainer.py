@@ -10,9 +10,9 @@ import pytest
 from gossip.clock import ManualClock
 from gossip.config import TrainConfig
 from gossip.peer import Peer
-from gossip.records import OVERLAP_FIELDS, Record
 from gossip.topology import Topology
-from gossip.training import Trainer, Work, train
+from gossip.training.records import OVERLAP_FIELDS, Record
+from gossip.training.synchronous import Trainer, Work, train
 from gossip.transport import LoopbackHub
 
 OPTIONAL = ("resumed_from", "lost_work", *OVERLAP_FIELDS, "device_wait_s", "device_hold_s",

@@ -11,7 +11,7 @@ lockstep assumes:
 * no consensus probe: it is an all-reduce keyed by round, a hidden barrier that peers with
   different budgets would never all reach (records carry ``consensus: null``); peers save
   model snapshots on wall-clock ticks instead, and the consensus is computed from them
-  afterwards (gossip.snapshots);
+  afterwards (gossip.training.snapshots);
 * at the end ``finish`` completes this peer's exchange and serves the neighbours until they
   are done too, so peers that stop at different times all exit cleanly.
 """
@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from gossip.errors import ConfigError
-from gossip.records import Record
-from gossip.snapshots import SnapshotWriter
+from gossip.training.records import Record
+from gossip.training.snapshots import SnapshotWriter
 
 
 class AsyncRunner:

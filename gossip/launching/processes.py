@@ -111,7 +111,7 @@ def start_peers(ranks: list[int], run_dir: Path, extra_args: list[str], *,
     """One `python -m gossip peer` per rank, output to run_dir/peer-R.log.
 
     ``wrap(rank, argv)`` may prefix each command, e.g. to run it in a network namespace;
-    ``spawn`` starts the peers another way instead (``gossip.zygote``: forked).
+    ``spawn`` starts the peers another way instead (``gossip.launching.forkserver``: forked).
     """
     spawn = spawn or popen(wrap)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),

@@ -20,15 +20,15 @@ from typing import Any
 import torch
 
 from gossip import checkpoint as checkpoints
-from gossip.async_training import AsyncRunner
 from gossip.config import TrainConfig
-from gossip.consensus import ConsensusProbe, algorithm_bytes
 from gossip.errors import CheckpointError
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
-from gossip.records import Record, lines_before
 from gossip.tasks import BatchStream, create_task, evaluate, partition
 from gossip.tasks.emulated import emulate_device
+from gossip.training.asynchronous import AsyncRunner
+from gossip.training.consensus import ConsensusProbe, algorithm_bytes
+from gossip.training.records import Record, lines_before
 
 log = logging.getLogger("gossip.training")
 # torch's global RNG is shared by the threads of a process (peers run as threads in tests):

@@ -8,7 +8,9 @@ in milliseconds and runs the same code. The forking is the standard library's fo
 (a single-threaded server started once, its modules preloaded, which has never run a torch
 operation, so no thread pool is copied half-alive into a child); this module gives each
 child what `gossip launch` gives a peer process: its own session, its log file, its
-environment and thread count, its network namespace, and a Popen-like handle.
+environment and thread count, its network namespace, and a Popen-like handle. What the
+child runs is the entry point its owner gives (the command line's), so this module, below the
+command line, imports none of it.
 """
 
 from __future__ import annotations
@@ -20,16 +22,17 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-#: What a peer imports before its first round (a failed import is skipped by the server).
+#: What a peer imports before its first round (a failed import is skipped by the server),
+#: with the entry point's own module.
 PRELOAD = ["torch", "torch._dynamo", "torch.optim", "numpy", "zmq", "msgpack", "yaml",
-           "gossip.cli", "gossip.cli.train", "gossip.peer", "gossip.training",
-           "gossip.strategies", "gossip.tasks"]
+           "gossip.peer", "gossip.training.synchronous", "gossip.strategies", "gossip.tasks"]
 CLONE_NEWNET = 0x40000000  # <sched.h>: setns(2) into a network namespace
 NETNS_DIR = Path("/var/run/netns")  # where `ip netns add` keeps its namespaces
 
 
 class ForkedPeer:
-    """The part of ``subprocess.Popen`` that ``gossip.launch`` uses, over a forked child."""
+    """The part of ``subprocess.Popen`` that ``gossip.launching.processes`` uses, over a forked
+    child."""
 
     def __init__(self, process: multiprocessing.process.BaseProcess):
         self._process = process
@@ -56,27 +59,35 @@ class ForkedPeer:
 
 class Zygote:
     """Starts peers as children of one forkserver, started with the first peer and ended
-    with this process: one per experiment, for all its launches."""
+    with this process: one per experiment, for all its launches.
 
-    def __init__(self):
+    Args:
+        entry: What a child runs with a peer's arguments, as `python -m gossip ARGS` would
+            (the command line's ``gossip.cli.common.run_forked``): a module-level function, which
+            the server imports by name.
+    """
+
+    def __init__(self, entry: Callable[[list[str]], object]):
+        self._entry = entry
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(PRELOAD)
+        self._context.set_forkserver_preload([*PRELOAD, entry.__module__])
 
     def spawn(self, namespace: Callable[[int], str] | None = None):
-        """A ``gossip.launch.Spawn``: rank's peer forked, in network namespace
+        """A ``gossip.launching.processes.Spawn``: rank's peer forked, in network namespace
         ``namespace(rank)`` if given (a virtual cluster's), else in this process's."""
         def start(rank: int, args: Sequence[str], log_path: Path,
                   env: Mapping[str, str]) -> ForkedPeer:
             process = self._context.Process(
                 target=_run, name=f"gossip-peer-{rank}",
-                args=(list(args), str(log_path), dict(env),
+                args=(self._entry, list(args), str(log_path), dict(env),
                       namespace(rank) if namespace else None))
             process.start()
             return ForkedPeer(process)
         return start
 
 
-def _run(args: list[str], log_path: str, env: dict[str, str], namespace: str | None) -> None:
+def _run(entry: Callable[[list[str]], object], args: list[str], log_path: str,
+         env: dict[str, str], namespace: str | None) -> None:
     """In the forked child: become what `python -m gossip ARGS` started by launch would be."""
     os.setsid()  # own process group: launch.stop signals it whole
     if namespace is not None:
@@ -92,9 +103,7 @@ def _run(args: list[str], log_path: str, env: dict[str, str], namespace: str | N
 
     # libgomp read OMP_NUM_THREADS when the server imported torch, before env was set here
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    from gossip.cli import main
-
-    main(args=args, prog_name="gossip")  # exits through SystemExit: the exit code
+    entry(args)  # exits through SystemExit: the exit code
 
 
 def _enter_namespace(name: str) -> None:

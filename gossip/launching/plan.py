@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from tqdm import tqdm
 
-from gossip import launch
 from gossip.cluster import VirtualCluster
 from gossip.config import TrainConfig
+from gossip.launching import processes as launch
 from gossip.matrix import check_run
 
 if TYPE_CHECKING:
+    from gossip.launching.forkserver import Zygote
     from gossip.topology import Topology
-    from gossip.zygote import Zygote
 
 
 @dataclass(frozen=True)
