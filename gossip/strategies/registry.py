@@ -16,8 +16,8 @@ from typing import Any
 
 from gossip.compress import Compressor, build, compressor_options
 from gossip.errors import ConfigError
+from gossip.options import Options
 from gossip.registry import Registry
-from gossip.strategies.options import Options
 
 
 @dataclass(frozen=True)
