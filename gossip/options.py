@@ -51,7 +51,8 @@ class Options:
         ConfigError: naming the option, the value and what is allowed.
     """
 
-    #: Representative option sets (compressors included): the contract suite runs each.
+    #: Representative option sets (a strategy's may name a compressor and its options): the
+    #: contract suite runs each strategy's, tests/unit/test_compress_options.py each compressor's.
     examples: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
 
     def __post_init__(self):

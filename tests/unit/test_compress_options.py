@@ -5,6 +5,7 @@ compressor" example of docs/ARCHITECTURE.md works as written."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from gossip import compress
+from gossip.cli.common import key_values
 from gossip.compress import COMPRESSORS, DensitySparsifier, DensityWarmup, WrapperOptions
 from gossip.compress.catalog import describe
 from gossip.errors import ConfigError
@@ -39,8 +41,11 @@ def test_options_round_trip_from_what_a_user_writes_to_the_listing(name, given):
     compressor = compress.build(name, **given)
     assert type(compressor) is COMPRESSORS.get(name)
     if name != "none":  # to a strategy, compressor=none means no compressor
-        # Strategy options, as Peer(**options), the CLI and YAML give them: the same object.
-        chosen = STRATEGIES.options("dpsgd", {"compressor": name, **given}).compressor
+        # Written as the CLI's --option KEY=VALUE strings (a YAML mapping reads the same).
+        written = [f"compressor={name}", *(f"{key}={json.dumps(value)}"
+                                           for key, value in given.items())]
+        spec = key_values("--option", {}, written)
+        chosen = STRATEGIES.options("dpsgd", spec).compressor
         assert chosen.options == compressor.options
     held = {spec.name: getattr(compressor.options, spec.name)
             for spec in fields(compressor.options)}
