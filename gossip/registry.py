@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -45,3 +46,9 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._factories
+
+
+def summary(obj: object) -> str:
+    """The first paragraph of ``obj``'s docstring as one line: what a listing says of it."""
+    doc = (inspect.getdoc(obj) or "").strip()
+    return " ".join(doc.split("\n\n")[0].split())

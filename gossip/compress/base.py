@@ -1,4 +1,5 @@
-"""The Compressor interface, its wire Payload, the registry and shared payload checks.
+"""The Compressor interface, its options, its wire Payload, the registry and shared payload
+checks.
 
 A payload is self-describing: ``meta`` names the encoding and the original numel, dtype and
 shape, so a receiver rebuilds the tensor from ``Payload(msg.meta, msg.buffers)`` alone.
@@ -8,19 +9,17 @@ Everything received is validated; a malformed payload raises ProtocolError namin
 from __future__ import annotations
 
 import hashlib
-import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
 from gossip.errors import ConfigError, ProtocolError
+from gossip.options import Check, Options
 from gossip.registry import Registry
-
-COMPRESSORS: Registry[Compressor] = Registry("compressor")
 
 #: Dtypes a compressed tensor may have; the payload records which one by name.
 FLOAT_DTYPES: dict[str, torch.dtype] = {
@@ -62,6 +61,8 @@ class Header:
 class Compressor(ABC):
     """Turns a float tensor into a Payload and back; configuration only, no state.
 
+    Its options are an ``Options`` dataclass (``options_class``, fields declared with
+    ``option(default, doc, check)``), parsed once when it is built: ``self.options``.
     Stateful behaviour (error feedback, momentum correction) wraps a compressor instead.
     ``quality(d)`` is ω in (0, 1] with E‖Q(v) − v‖² ≤ (1 − ω)‖v‖² (choco.md); for unbiased
     compressors it is the ω of the rescaled Q/(c + 1), c being the variance factor.
@@ -73,6 +74,25 @@ class Compressor(ABC):
     sparse: bool = False
     #: E[decompress(compress(x))] == x.
     unbiased: bool = False
+    #: Its options (``gossip compressors`` lists their defaults and docs); none by default.
+    options_class: type[Options] = Options
+
+    def __init__(self, **options: Any):
+        """Parse ``options`` into ``self.options``.
+
+        Raises:
+            ConfigError: One line naming this compressor and the unknown option (listing the
+                allowed ones) or the option and the value that is not allowed.
+        """
+        allowed = self.options_class.names()
+        for key in options:
+            if key not in allowed:
+                raise ConfigError(f"compressor {self.name!r} has no option {key!r}; options: "
+                                  f"{', '.join(allowed) or 'none'}")
+        try:
+            self.options = self.options_class(**options)
+        except ConfigError as error:
+            raise ConfigError(f"compressor {self.name!r}: {error}") from None
 
     @abstractmethod
     def compress(self, x: torch.Tensor, *, key: str = "", round: int = 0) -> Payload:
@@ -100,7 +120,32 @@ class Compressor(ABC):
         """Restore what ``state_dict`` returned."""
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        options = getattr(self, "options", None)
+        given = ", ".join(f"{spec.name}={getattr(options, spec.name)!r}"
+                          for spec in (fields(options) if options is not None else ()))
+        return f"{type(self).__name__}({given})"
+
+
+class CompressorRegistry(Registry[Compressor]):
+    """``COMPRESSORS``: Compressor classes by name; their options come from ``options_class``."""
+
+    def __init__(self):
+        super().__init__("compressor")
+
+    def register(self, name: str):
+        """Class decorator registering a Compressor subclass under ``name``."""
+        add = super().register(name)
+
+        def decorate(cls: type[Compressor]) -> type[Compressor]:
+            if not (isinstance(cls, type) and issubclass(cls, Compressor)):
+                raise TypeError(f"compressor {name!r}: register a Compressor subclass, "
+                                f"got {cls!r}")
+            return add(cls)
+
+        return decorate
+
+
+COMPRESSORS = CompressorRegistry()
 
 
 def create(name: str, /, **options: Any) -> Compressor:
@@ -108,21 +153,14 @@ def create(name: str, /, **options: Any) -> Compressor:
 
     Raises:
         ConfigError: Unknown name (lists the known ones) or option (lists the allowed ones),
-            or an invalid option value (names the option and its allowed values).
+            or an invalid option value (names the compressor, the option and the value).
     """
-    factory = COMPRESSORS.get(name)
-    allowed = compressor_options(name)
-    for option in options:
-        if option not in allowed:
-            raise ConfigError(f"compressor {name!r} has no option {option!r}; options: "
-                              f"{', '.join(allowed) or 'none'}")
-    return factory(**options)
+    return COMPRESSORS.get(name)(**options)
 
 
 def compressor_options(name: str) -> list[str]:
-    """The keyword options compressor ``name`` accepts."""
-    params = inspect.signature(COMPRESSORS.get(name)).parameters
-    return [p for p, spec in params.items() if spec.kind == inspect.Parameter.KEYWORD_ONLY]
+    """The options compressor ``name`` accepts."""
+    return COMPRESSORS.get(name).options_class.names()
 
 
 # ---------------------------------------------------------------- helpers for implementations
@@ -228,26 +266,25 @@ def generator(seed: int, key: str, round: int) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, key, round))
 
 
+_FRACTION = "must be a number in (0, 1]"
+
+
+def fraction(value: float) -> str | None:
+    """The check of a density option: (0, 1]."""
+    return None if 0 < value <= 1 else _FRACTION
+
+
+def one_of(*allowed: Any) -> Check:
+    """The check of an option taking one of a few values (named as they are written)."""
+    return lambda value: (None if value in allowed else
+                          f"must be one of {', '.join(map(repr, allowed))}")
+
+
 def check_density(density: Any) -> float:
-    """Validate a density option: a number in (0, 1]."""
-    if not _is_number(density) or not 0 < density <= 1:
-        raise ConfigError(f"density must be a number in (0, 1], got {density!r}")
+    """A density outside an options dataclass (warm-up start, benchmarks), checked."""
+    if not _is_number(density) or fraction(density):
+        raise ConfigError(f"density {_FRACTION}, got {density!r}")
     return float(density)
-
-
-def check_seed(seed: Any) -> int:
-    """Validate a seed option: any int."""
-    if not _is_int(seed):
-        raise ConfigError(f"seed must be an int, got {seed!r}")
-    return seed
-
-
-def check_choice(option: str, value: Any, allowed: tuple[Any, ...]) -> Any:
-    """Validate that ``value`` is one of ``allowed``."""
-    if value not in allowed:
-        raise ConfigError(f"{option} must be one of {', '.join(map(repr, allowed))}, "
-                          f"got {value!r}")
-    return value
 
 
 def _is_int(value: Any) -> bool:

@@ -4,6 +4,8 @@ unbiased."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,7 +16,6 @@ from gossip.compress.base import (
     Payload,
     buffers,
     check_buffer,
-    check_seed,
     flatten,
     generator,
     header,
@@ -23,7 +24,8 @@ from gossip.compress.base import (
 )
 from gossip.compress.dense import finite, work_dtype, work_numpy
 from gossip.compress.packing import expand_codes, pack_codes, packed_size
-from gossip.errors import ConfigError, ProtocolError
+from gossip.errors import ProtocolError
+from gossip.options import Options, option
 
 MAX_LEVELS = 32767
 
@@ -33,6 +35,30 @@ def code_format(levels: int) -> tuple[str, torch.dtype]:
     if levels <= 7:
         return "nibble", torch.uint8
     return ("int8", torch.int8) if levels <= 127 else ("int16", torch.int16)
+
+
+def level_count(value: int) -> str | None:
+    return None if 1 <= value <= MAX_LEVELS else f"must be an int in [1, {MAX_LEVELS}]"
+
+
+def bucket_size(value: Any) -> str | None:
+    # Type and range in one message: the field takes None too, so it has no int annotation.
+    fits = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return None if fits else "must be an int >= 1 (or 0/None: one bucket)"
+
+
+@dataclass(frozen=True)
+class QSGDOptions(Options):
+    """Options of ``qsgd``."""
+
+    examples = ({}, {"levels": 3, "bucket": 0, "seed": 5}, {"levels": 200, "bucket": None})
+
+    levels: int = option(16, "s, the number of magnitude levels, 1 to 32767", check=level_count)
+    bucket: Any = option(512, "values per norm; None or 0: one bucket, the whole tensor",
+                         check=bucket_size)
+    seed: int = option(0, "seeds the rounding (per key and round); give peers different seeds "
+                          "(e.g. their rank) so their rounding noise is independent and "
+                          "averages out")
 
 
 @COMPRESSORS.register("qsgd")
@@ -47,37 +73,21 @@ class QSGD(Compressor):
     ω = 1/(1 + c) of the rescaled Q/(1 + c) (choco.md). The norms travel as a second buffer
     (float32; float64 for float64 input), the codes sign·l as 4-bit nibbles (s <= 7), int8
     (s <= 127) or int16.
-
-    Args:
-        levels: s, the number of magnitude levels, 1 to 32767.
-        bucket: Values per norm; None or 0: one bucket, the whole tensor.
-        seed: Seeds the rounding (per key and round). Give peers different seeds (e.g. their
-            rank) so their rounding noise is independent and averages out.
     """
 
     name = "qsgd"
     unbiased = True
-
-    def __init__(self, *, levels: int = 16, bucket: int | None = 512, seed: int = 0):
-        if not isinstance(levels, int) or isinstance(levels, bool) or not (
-                1 <= levels <= MAX_LEVELS):
-            raise ConfigError(f"levels must be an int in [1, {MAX_LEVELS}], got {levels!r}")
-        if bucket is not None and (not isinstance(bucket, int) or isinstance(bucket, bool)
-                                   or bucket < 0):
-            raise ConfigError(f"bucket must be an int >= 1 (or 0/None: one bucket), "
-                              f"got {bucket!r}")
-        self.levels = levels
-        self.bucket = bucket or None
-        self.seed = check_seed(seed)
+    options_class = QSGDOptions
+    options: QSGDOptions
 
     def _bucket(self, numel: int) -> int:
         """Values per norm for a tensor of ``numel`` values (>= 1)."""
-        return max(1, min(self.bucket or numel, numel))
+        return max(1, min(self.options.bucket or numel, numel))
 
     def compress(self, x: torch.Tensor, *, key: str = "", round: int = 0) -> Payload:
         flat = flatten(x)
         work = work_dtype(flat)
-        s, n = self.levels, work.numel()
+        s, n = self.options.levels, work.numel()
         b = self._bucket(n)
         kind, dtype = code_format(s)
         # |x| in rows of one bucket each; the last row padded with zeros.
@@ -85,7 +95,7 @@ class QSGD(Compressor):
         rows.view(-1)[:n] = work.abs()
         norms = torch.linalg.vector_norm(rows, dim=1)
         finite(float(norms.max()) if n else 0.0, "norm")
-        noise = torch.rand(rows.shape, generator=generator(self.seed, key, round),
+        noise = torch.rand(rows.shape, generator=generator(self.options.seed, key, round),
                            dtype=work.dtype).to(work.device)
         # floor(r + U) = floor(r) + 1 with probability frac(r): unbiased rounding.
         # |x|/‖x‖ can exceed 1 by an ulp; never emit a level beyond s. A zero bucket stays 0.
@@ -130,9 +140,5 @@ class QSGD(Compressor):
     def quality(self, numel: int) -> float:
         if numel == 0:
             return 1.0
-        s, b = self.levels, self._bucket(numel)
+        s, b = self.options.levels, self._bucket(numel)
         return 1.0 / (1.0 + min(b / s**2, math.sqrt(b) / s))
-
-    def __repr__(self) -> str:
-        return f"QSGD(levels={self.levels}, bucket={self.bucket})"
-

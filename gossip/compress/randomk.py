@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from gossip.compress.base import (
-    COMPRESSORS,
-    check_density,
-    check_seed,
-    derive_seed,
-    meta_int,
-)
-from gossip.compress.sparse import SparseCompressor, k_for
-from gossip.errors import ConfigError, ProtocolError
+from gossip.compress.base import COMPRESSORS, derive_seed, meta_int
+from gossip.compress.sparse import DensityOptions, DensitySparsifier, values_option
+from gossip.errors import ProtocolError
+from gossip.options import option
 
 _MAX_SEED = (1 << 63) - 1
 
@@ -45,55 +40,48 @@ def _unique(a: np.ndarray) -> np.ndarray:
     return a[np.concatenate([[True], a[1:] != a[:-1]])] if a.size else a
 
 
+@dataclass(frozen=True)
+class RandomKOptions(DensityOptions):
+    """Options of ``randomk``."""
+
+    examples = ({}, {"density": 0.3, "scale": True, "values": "same", "seed": 5})
+
+    scale: bool = option(False, "multiply the values by d / k: unbiased, but not contractive "
+                                "(off: the contractive version, ω = k / d, for error feedback "
+                                "and CHOCO)")
+    values: str = values_option()
+    seed: int = option(0, "base seed of the index choice")
+
+
 @COMPRESSORS.register("randomk")
-class RandomK(SparseCompressor):
+class RandomK(DensitySparsifier):
     """Keep k = max(1, ceil(density * n)) random entries; the receiver regenerates them.
 
     The seed in the payload is derived from (``seed``, key, round), so each tensor and round
     gets fresh indices, and peers sharing ``seed`` pick the same ones. Peers must run the same
-    torch version (the indices come from torch's generator).
-
-    Args:
-        density: Fraction of entries kept, in (0, 1].
-        scale: Multiply the values by d / k: unbiased, but not contractive. Off by default
-            (the contractive version, ω = k / d, for error feedback and CHOCO).
-        values: Wire dtype of the kept values: fp32, fp16, bf16 or same (as the input).
-        seed: Base seed of the index choice.
+    torch version (the indices come from torch's generator). Scaled, the variance factor is
+    d/k - 1: the ω of the rescaled Q is k/d too.
     """
 
     name = "randomk"
+    options_class = RandomKOptions
+    options: RandomKOptions
 
-    def __init__(self, *, density: float = 0.01, scale: bool = False, values: str = "fp32",
-                 seed: int = 0):
-        super().__init__(values=values)
-        self.density = check_density(density)
-        if not isinstance(scale, bool):
-            raise ConfigError(f"scale must be true or false, got {scale!r}")
-        self.scale = scale
-        self.unbiased = scale
-        self.seed = check_seed(seed)
-
-    def k(self, numel: int) -> int:
-        """Entries kept of a tensor of ``numel``."""
-        return k_for(self.density, numel)
-
-    def with_density(self, density: float) -> RandomK:
-        """A copy keeping ``density`` instead."""
-        other = copy.copy(self)
-        other.density = check_density(density)
-        return other
+    @property
+    def unbiased(self) -> bool:  # type: ignore[override]
+        return self.options.scale
 
     def select(self, flat: torch.Tensor, *, key: str,
                round: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = random_subset(flat.numel(), self.k(flat.numel()),
-                            derive_seed(self.seed, key, round))
+                            derive_seed(self.options.seed, key, round))
         return idx, flat[idx]
 
     def value_scale(self, k: int, numel: int) -> float:
-        return numel / k if self.scale and k else 1.0
+        return numel / k if self.options.scale and k else 1.0
 
     def pack_support(self, idx, numel, *, key, round):
-        return {"seed": derive_seed(self.seed, key, round)}, ()
+        return {"seed": derive_seed(self.options.seed, key, round)}, ()
 
     def unpack_support(self, meta, extra, k, numel):
         seed = meta_int(meta, "seed", 0, _MAX_SEED)
@@ -101,10 +89,3 @@ class RandomK(SparseCompressor):
             raise ProtocolError(f"randomk payload: expected 1 buffer (values), "
                                 f"got {1 + len(extra)}")
         return random_subset(numel, k, seed)
-
-    def quality(self, numel: int) -> float:
-        # Unscaled: ω = k/d. Scaled (variance factor d/k - 1): ω of the rescaled Q, also k/d.
-        return self.k(numel) / numel if numel else 1.0
-
-    def __repr__(self) -> str:
-        return f"RandomK(density={self.density}, scale={self.scale}, values={self.values!r})"

@@ -47,7 +47,3 @@ class Sign(Compressor):
 
     def quality(self, numel: int) -> float:
         return 1.0 / numel if numel else 1.0
-
-    def __repr__(self) -> str:
-        return "Sign()"
-

@@ -1,4 +1,5 @@
-"""Sparsifiers' common part: k values at k sorted indices, sent as values + index support.
+"""Sparsifiers' common part: k values at k sorted indices, sent as values + index support;
+the density sparsifiers' (top-k, random-k) base.
 
 Meta: the common header plus ``k`` (count) and ``v`` (dtype name of the values buffer). How
 the indices travel is up to the subclass: encoded index data (``IndexedSparse``: ``ix`` names
@@ -7,9 +8,11 @@ the scheme, second buffer holds the data) or regenerated from a seed (random-k).
 
 from __future__ import annotations
 
+import copy
 import math
 from abc import abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -20,21 +23,36 @@ from gossip.compress.base import (
     Header,
     Payload,
     check_buffer,
-    check_choice,
     check_out,
     flatten,
+    fraction,
     header,
     meta_int,
     meta_value,
+    one_of,
     parse_header,
 )
 from gossip.compress.indices import decode_indices, encode_indices
 from gossip.errors import ProtocolError
+from gossip.options import Options, option
 
 #: The ``values`` option: dtype the kept values travel in ("same" keeps the input's).
 VALUE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                 "same": None}
 _DTYPE_NAMES = {dtype: name for name, dtype in FLOAT_DTYPES.items()}
+
+
+def values_option() -> Any:
+    """The ``values`` field every sparsifier's options declare (where it suits their order)."""
+    return option("fp32", "wire dtype of the kept values: fp32, fp16, bf16 or same (as the "
+                          "input)", check=one_of(*VALUE_DTYPES))
+
+
+@dataclass(frozen=True)
+class DensityOptions(Options):
+    """What every density sparsifier takes first: the fraction of entries it keeps."""
+
+    density: float = option(0.01, "fraction of entries kept, in (0, 1]", check=fraction)
 
 
 class Sparse(NamedTuple):
@@ -56,12 +74,10 @@ def k_for(density: float, numel: int) -> int:
 
 
 class SparseCompressor(Compressor):
-    """Base of the sparsifiers: ``select`` picks indices, the rest is shared."""
+    """Base of the sparsifiers: ``select`` picks indices, the rest is shared. Their options
+    have a ``values`` field (``values_option()``)."""
 
     sparse = True
-
-    def __init__(self, *, values: str = "fp32"):
-        self.values = check_choice("values", values, tuple(VALUE_DTYPES))
 
     @abstractmethod
     def select(self, flat: torch.Tensor, *, key: str,
@@ -94,7 +110,7 @@ class SparseCompressor(Compressor):
         scale = self.value_scale(idx.numel(), flat.numel())
         if scale != 1.0:
             values = values * scale
-        wire = VALUE_DTYPES[self.values] or flat.dtype
+        wire = VALUE_DTYPES[self.options.values] or flat.dtype
         meta = header(self.name, x)
         meta["k"] = idx.numel()
         meta["v"] = _DTYPE_NAMES[wire]
@@ -149,3 +165,32 @@ class IndexedSparse(SparseCompressor):
             raise ProtocolError(f"{self.name} payload: expected 2 buffers (values, index data), "
                                 f"got {1 + len(extra)}")
         return decode_indices(scheme, extra[0], k, numel)
+
+
+class DensitySparsifier(SparseCompressor):
+    """Sparsifiers keeping k = max(1, ceil(density * n)) entries (top-k, random-k): ω = k / d.
+
+    Their options extend ``DensityOptions``; ``DensityWarmup`` wraps one of these (checked by
+    type) and varies its density with ``with_density``.
+    """
+
+    options_class: type[DensityOptions] = DensityOptions
+    options: DensityOptions
+
+    @property
+    def density(self) -> float:
+        """Fraction of entries kept."""
+        return self.options.density
+
+    def k(self, numel: int) -> int:
+        """Entries kept of a tensor of ``numel``."""
+        return k_for(self.density, numel)
+
+    def with_density(self, density: float) -> DensitySparsifier:
+        """A copy keeping ``density`` instead (ConfigError if it is not in (0, 1])."""
+        other = copy.copy(self)
+        other.options = replace(self.options, density=density)
+        return other
+
+    def quality(self, numel: int) -> float:
+        return self.k(numel) / numel if numel else 1.0

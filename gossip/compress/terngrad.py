@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -13,7 +14,6 @@ from gossip.compress.base import (
     Payload,
     buffers,
     check_buffer,
-    check_seed,
     flatten,
     generator,
     header,
@@ -23,8 +23,18 @@ from gossip.compress.base import (
 from gossip.compress.dense import decoded, finite, work_dtype, work_numpy
 from gossip.compress.packing import expand_codes, pack_codes, packed_size
 from gossip.errors import ProtocolError
+from gossip.options import Options, option
 
 _VALID = np.array([True, True, True, False])
+
+
+@dataclass(frozen=True)
+class TernGradOptions(Options):
+    """Options of ``terngrad``."""
+
+    examples = ({}, {"seed": 5})
+
+    seed: int = option(0, "seeds the rounding (per key and round); give peers different seeds")
 
 
 @COMPRESSORS.register("terngrad")
@@ -33,16 +43,12 @@ class TernGrad(Compressor):
 
     Unbiased; variance factor c <= √d − 1 (since max|x|·‖x‖₁ <= √d‖x‖²), so ``quality``
     gives ω = 1/√d for the rescaled Q/√d.
-
-    Args:
-        seed: Seeds the rounding (per key and round); give peers different seeds.
     """
 
     name = "terngrad"
     unbiased = True
-
-    def __init__(self, *, seed: int = 0):
-        self.seed = check_seed(seed)
+    options_class = TernGradOptions
+    options: TernGradOptions
 
     def compress(self, x: torch.Tensor, *, key: str = "", round: int = 0) -> Payload:
         flat = flatten(x)
@@ -50,7 +56,7 @@ class TernGrad(Compressor):
         n = work.numel()
         scale = finite(float(work.abs().max()), "max |x|") if n else 0.0
         if scale > 0:
-            noise = torch.rand(n, generator=generator(self.seed, key, round),
+            noise = torch.rand(n, generator=generator(self.options.seed, key, round),
                                dtype=work.dtype).to(work.device)
             # floor(p + U) is 1 with probability p = |x| / scale (p <= 1, U < 1).
             keep = work.abs().div_(scale).add_(noise).floor_()
@@ -75,6 +81,3 @@ class TernGrad(Compressor):
 
     def quality(self, numel: int) -> float:
         return 1.0 / math.sqrt(numel) if numel else 1.0
-
-    def __repr__(self) -> str:
-        return "TernGrad()"

@@ -3,42 +3,46 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from gossip.compress.base import COMPRESSORS
 from gossip.compress.selection import abs_at_least
-from gossip.compress.sparse import IndexedSparse
-from gossip.errors import ConfigError
+from gossip.compress.sparse import IndexedSparse, values_option
+from gossip.options import Options, option
+
+
+def magnitude(value: float) -> str | None:
+    """A threshold: finite and >= 0."""
+    return None if 0 <= value < math.inf else "must be a finite number >= 0"
+
+
+@dataclass(frozen=True)
+class ThresholdOptions(Options):
+    """Options of ``threshold``."""
+
+    examples = ({}, {"threshold": 0.5, "values": "bf16"})
+
+    threshold: float = option(1e-3, "magnitude kept, a finite number >= 0 (0 keeps everything)",
+                              check=magnitude)
+    values: str = values_option()
 
 
 @COMPRESSORS.register("threshold")
 class Threshold(IndexedSparse):
-    """Keep the entries with ``|x| >= threshold``; biased, the message size depends on data.
-
-    Args:
-        threshold: Magnitude kept, a finite number >= 0 (0 keeps everything).
-        values: Wire dtype of the kept values: fp32, fp16, bf16 or same (as the input).
-    """
+    """Keep the entries with ``|x| >= threshold``; biased, the message size depends on data."""
 
     name = "threshold"
-
-    def __init__(self, *, threshold: float = 1e-3, values: str = "fp32"):
-        super().__init__(values=values)
-        if (not isinstance(threshold, (int, float)) or isinstance(threshold, bool)
-                or not math.isfinite(threshold) or threshold < 0):
-            raise ConfigError(f"threshold must be a finite number >= 0, got {threshold!r}")
-        self.threshold = float(threshold)
+    options_class = ThresholdOptions
+    options: ThresholdOptions
 
     def select(self, flat: torch.Tensor, *, key: str,
                round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = abs_at_least(flat, self.threshold)
+        idx = abs_at_least(flat, self.options.threshold)
         return idx, flat[idx]
 
     def quality(self, numel: int) -> float:
         # No data-independent guarantee: a vector entirely below t is dropped. 1/d is the
         # ω of keeping a single (the largest) entry, a nominal value for step-size rules.
         return 1.0 / numel if numel else 1.0
-
-    def __repr__(self) -> str:
-        return f"Threshold(threshold={self.threshold}, values={self.values!r})"

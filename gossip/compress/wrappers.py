@@ -14,7 +14,7 @@ import torch
 
 from gossip.compress.base import Compressor, Payload, check_density, flatten
 from gossip.compress.dense import work_dtype
-from gossip.compress.sparse import Sparse
+from gossip.compress.sparse import DensitySparsifier, Sparse
 from gossip.errors import ConfigError
 
 
@@ -93,24 +93,26 @@ class DensityWarmup(Wrapper):
 
     Round r < ``rounds`` uses ``start · (target / start) ** (r / rounds)``, later rounds the
     target; with start 0.25, 4 rounds and target 0.25⁵ ≈ 0.001 that is DGC's schedule 0.25,
-    0.0625, 0.0156, 0.0039, then 0.001. The inner compressor needs ``density`` and ``with_density``.
+    0.0625, 0.0156, 0.0039, then 0.001.
 
     Args:
-        inner: A sparsifier with a density (topk, randomk).
+        inner: A ``DensitySparsifier`` (topk, randomk).
         rounds: Warm-up rounds, an int >= 0.
         start: Density of round 0, in [target, 1].
     """
 
+    inner: DensitySparsifier
+
     def __init__(self, inner: Compressor, rounds: int, start: float = 0.25):
         super().__init__(inner)
-        if not hasattr(inner, "with_density") or not hasattr(inner, "density"):
+        if not isinstance(inner, DensitySparsifier):
             raise ConfigError(f"density warm-up needs a compressor with a density "
                               f"(topk, randomk), got {inner!r}")
         if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
             raise ConfigError(f"warm-up rounds must be an int >= 0, got {rounds!r}")
         self.rounds = rounds
         self.start = check_density(start)
-        self.target: float = inner.density  # type: ignore[attr-defined]
+        self.target = inner.density
         if self.start < self.target:
             raise ConfigError(f"warm-up start density {self.start} is below the target "
                               f"density {self.target}")
@@ -126,7 +128,7 @@ class DensityWarmup(Wrapper):
         density = self.density_at(round)
         inner = self._by_density.get(density)
         if inner is None:
-            inner = self.inner.with_density(density)  # type: ignore[attr-defined]
+            inner = self.inner.with_density(density)
             self._by_density[density] = inner
         return inner.compress(x, key=key, round=round)
 

@@ -2,7 +2,7 @@
 
 from gossip.strategies import (  # noqa: F401 (register)
     adpsgd, gossip, local, matcha, nonblocking, ps, ring, sgp, sparse)
+from gossip.options import Options, option
 from gossip.strategies.base import DEFAULT, EXACT_MEAN, STRATEGIES, Strategy
-from gossip.strategies.options import Options, option
 
 __all__ = ["DEFAULT", "EXACT_MEAN", "STRATEGIES", "Options", "Strategy", "option"]

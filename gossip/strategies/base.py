@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from gossip.errors import ConfigError, ProtocolError, RejoinError
-from gossip.strategies.options import Options
+from gossip.options import Options
 from gossip.strategies.registry import StrategyRegistry
 from gossip.transport import Message, Transport
 

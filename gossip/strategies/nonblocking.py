@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from gossip.errors import PeerTimeout
+from gossip.options import Options, option
 from gossip.strategies.base import EXACT_MEAN, STRATEGIES, Strategy
-from gossip.strategies.options import Options, option
 from gossip.strategies.wrapping import inner_options, inner_refusal
 from gossip.transport import Message
 

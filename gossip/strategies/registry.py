@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gossip.compress import Compressor, build, compressor_options
+from gossip.compress import Compressor, WrapperOptions, build, compressor_options
 from gossip.errors import ConfigError
-from gossip.registry import Registry
-from gossip.strategies.options import Options
+from gossip.options import Options
+from gossip.registry import Registry, summary
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,11 @@ class StrategyRegistry(Registry):
         def decorate(target):
             if inspect.isclass(target):
                 entry = Entry(name, options or target.options_class, lambda _: target,
-                              _first_line(target))
+                              summary(target))
             else:
                 if options is None:
                     raise TypeError(f"strategy {name!r}: a selector needs options=...")
-                entry = Entry(name, options, target, _first_line(target))
+                entry = Entry(name, options, target, summary(target))
             super(StrategyRegistry, self).register(name)(entry)
             return target
 
@@ -167,7 +167,7 @@ def _compressor(name: str, allowed: list[str], rest: dict[str, Any]) -> Compress
     if not isinstance(compressor, str):
         raise ConfigError(f"compressor must be a compressor's name or a Compressor, got "
                           f"{compressor!r}")
-    known = ["compressor", *_wrapper_options(), *compressor_options(compressor)]
+    known = ["compressor", *WrapperOptions.names(), *compressor_options(compressor)]
     for key in rest:
         if key not in known:
             own = [a for a in allowed if a != "compressor"]
@@ -175,15 +175,3 @@ def _compressor(name: str, allowed: list[str], rest: dict[str, Any]) -> Compress
                               f"{key!r}; options: {', '.join(sorted(set(own) | set(known)))}")
     options = dict(rest)
     return build(options.pop("compressor"), **options)
-
-
-def _wrapper_options() -> list[str]:
-    """The options of the compression wrappers (error feedback, momentum, clipping, ...)."""
-    params = inspect.signature(build).parameters
-    return [p for p, spec in params.items() if spec.kind == inspect.Parameter.KEYWORD_ONLY]
-
-
-def _first_line(obj) -> str:
-    """The first paragraph of ``obj``'s docstring, as one line."""
-    doc = (inspect.getdoc(obj) or "").strip()
-    return " ".join(doc.split("\n\n")[0].split())

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gossip.errors import ConfigError
+from gossip.options import Options
 from gossip.strategies.base import STRATEGIES
-from gossip.strategies.options import Options
 
 
 def inner_refusal(capabilities: Mapping[str, Any], *, asynchronous: bool) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gossip.strategies.options import Options, at_least, option
+from gossip.options import Options, at_least, option
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gossip.compress import Compressor, ErrorFeedback, MomentumCorrection
 from gossip.compress.wrappers import Clip, Wrapper
 from gossip.errors import ConfigError
-from gossip.strategies.options import Options, in_unit_interval, option
+from gossip.options import Options, in_unit_interval, option
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gossip.errors import ConfigError
+from gossip.options import Options, at_least, option
 from gossip.strategies.base import EXACT_MEAN
-from gossip.strategies.options import Options, at_least, option
 from gossip.strategies.wrapping import inner_options, inner_refusal
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gossip.options import at_least, in_unit_interval, option
 from gossip.strategies.gossip.compression import ChocoOptions
-from gossip.strategies.options import at_least, in_unit_interval, option
 
 
 @dataclass(frozen=True)

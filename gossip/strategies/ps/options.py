@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gossip.errors import ConfigError
-from gossip.strategies.options import Options, at_least, in_unit_interval, option, positive
+from gossip.options import Options, at_least, in_unit_interval, option, positive
 
 MODES = ("sync", "async", "ssp")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gossip.compress import Compressor
 from gossip.errors import ConfigError
-from gossip.strategies.options import Options, at_least, option
+from gossip.options import Options, at_least, option
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gossip.strategies.options import Options, option
+from gossip.options import Options, option
 from gossip.topology.directed import SCHEDULES
 
 #: Messages older than this many rounds are not kept by the transport (transport/pending.py).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gossip.strategies.options import Options, in_unit_interval, option
+from gossip.options import Options, in_unit_interval, option
 
 INDEX_CODINGS = ("compact", "int32")
 RESIDUAL_MODES = ("conserve", "reference")

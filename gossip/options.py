@@ -1,8 +1,10 @@
-"""Strategy options, declared once: a frozen dataclass per strategy with defaults, docs and checks.
+"""Options, declared once: a frozen dataclass per strategy or compressor with defaults, docs
+and checks.
 
-Every way of configuring a strategy (``Peer(**options)``, the CLI's ``--option KEY=VALUE``,
-a config or experiment YAML) ends in the same dataclass, so a value is checked in one place
-and an error always names the option and what it may be::
+Every way of configuring one (``Peer(**options)``, the CLI's ``--option KEY=VALUE``, a config
+or experiment YAML, ``compress.create(name, **options)``) ends in the same dataclass, so a value
+is checked in one place, an error always names the option and what it may be, and the listings
+(``gossip strategies``, ``gossip compressors``) are read from the fields::
 
     @dataclass(frozen=True)
     class MatchaOptions(Options):
@@ -43,13 +45,14 @@ def option(default: Any, doc: str, *, choices: tuple | list | None = None,
 
 @dataclass(frozen=True)
 class Options:
-    """Base of every strategy's options; values are checked when constructed.
+    """Base of every strategy's and compressor's options; values are checked when constructed.
 
     Raises:
         ConfigError: naming the option, the value and what is allowed.
     """
 
-    #: Representative option sets (compressors included): the contract suite runs each.
+    #: Representative option sets (a strategy's may name a compressor and its options): the
+    #: contract suite runs each strategy's, tests/unit/test_compress_options.py each compressor's.
     examples: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
 
     def __post_init__(self):
