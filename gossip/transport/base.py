@@ -74,7 +74,7 @@ class Transport(ABC):
         self.stats = TransportStats()
         self.inbox = Inbox(rank, PendingMessages(max_bytes=max_pending_bytes,
                                                  max_messages=max_pending_messages),
-                           self.stats, read=self._recv_frames, accept=self._accept)
+                           self.stats, receive=self._recv_frames, accept=self._accept)
         self._send_delay: tuple[float, frozenset[str]] = (0.0, frozenset())
         self.contacts: set[int] = set()  # ranks we sent to or heard from
         self.departed: set[int] = set()  # ranks that said goodbye

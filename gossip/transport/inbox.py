@@ -27,19 +27,20 @@ class Inbox:
         rank: The owner's rank (for log lines).
         pending: The kept messages.
         stats: The owner's counters (expired messages).
-        read: ``read(timeout)``: the next received frames, or None after ``timeout`` seconds.
+        receive: ``receive(timeout)``: the next received frames, or None after ``timeout``
+            seconds.
         accept: ``accept(frames, want=, keep=)``: decode, check and handle them; the message
             if it matches ``want``, else None (kept for later with ``keep``).
     """
 
     def __init__(self, rank: int, pending: PendingMessages, stats: TransportStats, *,
-                 read: Callable[[float], list | None],
+                 receive: Callable[[float], list | None],
                  accept: Callable[..., Message | None]):
         self.rank = rank
         self.pending = pending
         self.stats = stats
-        self.read = read
-        self.accept = accept
+        self._receive = receive
+        self._accept = accept
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -67,10 +68,10 @@ class Inbox:
             kept = self.pending.take(src, kind, None)
             if kept is not None:
                 return kept
-            frames = self.read(0.0)
+            frames = self._receive(0.0)
             if frames is None:
                 return None
-            msg = self.accept(frames, want=(src, kind, None))
+            msg = self._accept(frames, want=(src, kind, None))
             if msg is not None:
                 return msg
 
@@ -78,10 +79,10 @@ class Inbox:
         """Wait up to ``timeout`` seconds for the next message and handle it, keeping it for
         a later receive (with ``keep``) unless the transport handles it itself; False if
         none came."""
-        frames = self.read(timeout)
+        frames = self._receive(timeout)
         if frames is None:
             return False
-        self.accept(frames, keep=keep)
+        self._accept(frames, keep=keep)
         return True
 
     def drain(self) -> None:
