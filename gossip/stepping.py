@@ -3,9 +3,9 @@
 never asks which mode it is in.
 
 ``LocalStep``, without a model attached, runs one synchronized optimizer step on the model's
-persistent flat buffers. Gradient strategies average the gradients before the optimizer steps; parameter strategies
-step locally, then synchronize the parameters (with the float buffers and, if asked, the
-momentum: ``ModelVector``). The strategy's ``round_plan`` may vary this per round (local
+persistent flat buffers. Gradient strategies average the gradients before the optimizer steps;
+parameter strategies step locally, then synchronize the parameters (with the float buffers
+and, if asked, the momentum: ``ModelVector``). The strategy's ``round_plan`` may vary this per round (local
 SGD sends nothing between averages, gradients during a warm-up).
 """
 

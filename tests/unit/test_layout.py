@@ -97,7 +97,8 @@ def test_the_private_reach_check_sees_what_it_must():
               "    super()._expect(); point._replace(x=1)\n")
     reaches = private_reaches(PACKAGE / "example.py", source)
     assert reaches == ["gossip/example.py: from gossip.a import _hidden",
-                       "gossip/example.py:3: peer._add", "gossip/example.py:3: peer.transport._pump"]
+                       "gossip/example.py:3: peer._add",
+                       "gossip/example.py:3: peer.transport._pump"]
 
 
 def test_no_import_cycles_lazy_imports_included():
