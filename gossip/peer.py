@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,10 @@ from gossip import keys
 from gossip.device import HostStaging
 from gossip.errors import ConfigError, TransportBusy
 from gossip.matrix import check, topology_modes
-from gossip.overlap import DEFAULT_BUCKET_MB, Overlap
+from gossip.overlap import DEFAULT_BUCKET_MB
 from gossip.rendezvous import Rendezvous
 from gossip.rendezvous.meet import meet, transport_args
-from gossip.stepping import LocalStep
+from gossip.stepping import LocalStep, Stepper
 from gossip.strategies import DEFAULT, STRATEGIES, Strategy
 from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
 from gossip.transport import Transport, ZmqTransport
@@ -73,7 +72,9 @@ class Peer:
                  comm_threads: int | None = None, rendezvous=None, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
-        self._build = STRATEGIES.resolve(strategy, options)  # options and matrix checked now
+        # The strategy's builder, options and matrix checked now (overlap builds one more
+        # strategy per bucket from it).
+        self.builder = STRATEGIES.resolve(strategy, options)
         check(strategy, options, topology_modes(topology))
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
@@ -101,8 +102,7 @@ class Peer:
         self.keys = keys.for_rank(topology, rank, key_file) if transport is None else None
         self.strategy: Strategy | None = None
         self.round = 0  # next round used by step()
-        self._overlap: Overlap | None = None  # see attach()
-        self._local_step = LocalStep(self)  # step() without a model attached
+        self._stepper: Stepper = LocalStep(self)  # attach() replaces it
         self._staging = HostStaging()  # device tensors' host buffers, kept across rounds
 
     def __enter__(self) -> Peer:
@@ -116,7 +116,7 @@ class Peer:
         if self.keep_for_rejoin:
             self.transport.membership.keep_for_rejoin()
         try:
-            self.strategy = self._add(self._build)
+            self.strategy = self._add(self.builder)
             if self.send_delay:
                 self.transport.delay_sends(self.send_delay, self.strategy.kinds)
         except BaseException:
@@ -143,9 +143,10 @@ class Peer:
                 self.rendezvous.close(self.rank, self.topology.size, wait=exc_type is None)
 
     def _close(self, exc_type) -> None:
-        if self._overlap is not None:  # its thread ends before the goodbye (or the close)
-            self._overlap.close(timeout=None if exc_type is None else min(self.timeout, 5.0))
-            self._overlap = None
+        # An overlap's thread ends before the goodbye (or the close); what is left to do
+        # (serving, finishing) runs on this thread.
+        self._stepper.close(timeout=None if exc_type is None else min(self.timeout, 5.0))
+        self._stepper = LocalStep(self)
         if exc_type is None:
             with self.communicating():  # messages still arriving are decoded and checked
                 try:
@@ -245,12 +246,13 @@ class Peer:
         if self.strategy is None:
             raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
         with self.communicating():
-            return self._on_host(tensor.detach(), lambda x, out: self.strategy.synchronize(
+            return self.on_host(tensor.detach(), lambda x, out: self.strategy.synchronize(
                 x, round, out=out), out=out)
 
-    def _on_host(self, x: torch.Tensor, run, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``run(x, out)`` on a contiguous CPU ``x``; a device tensor is staged through a
-        host buffer kept for the next rounds and the result comes back on its device."""
+    def on_host(self, x: torch.Tensor, run, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``run(x, out)`` on a contiguous CPU ``x`` (a strategy's round, for the steppers);
+        a device tensor is staged through a host buffer kept for the next rounds and the
+        result comes back on its device."""
         return self._staging.run(x, run, out, kept=self.strategy.keeps_tensor)
 
     def communicating(self):
@@ -264,7 +266,7 @@ class Peer:
         return intra_op_threads(self.comm_threads)
 
     def _check_transport_free(self, what: str) -> None:
-        if self._overlap is not None and self._overlap.busy:
+        if self._stepper.busy:
             raise TransportBusy(f"rank {self.rank}: cannot {what} while the communication "
                                 f"thread synchronizes round {self.round} (call peer.step "
                                 f"first)")
@@ -290,38 +292,26 @@ class Peer:
         """
         if self.strategy is None:
             raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
-        if self._overlap is not None:
-            raise ConfigError(f"rank {self.rank}: a model is already attached to this peer")
-        self._overlap = Overlap(self, model, bucket_mb=bucket_mb,
-                                first_bucket_mb=first_bucket_mb)
+        self._stepper = self._stepper.attach(model, bucket_mb=bucket_mb,
+                                             first_bucket_mb=first_bucket_mb)
 
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
+    def no_sync(self) -> AbstractContextManager[None]:
         """Inside: backward accumulates gradients without synchronizing them (mini-batches
         of one step; the last one's backward runs outside)."""
-        if self._overlap is None:
-            yield
-        else:
-            with self._overlap.no_sync():
-                yield
+        return self._stepper.no_sync()
 
     def overlap_metrics(self) -> dict[str, Any] | None:
         """With a model attached: seconds waited in the last steps (``exposed_comm_s``), the
         thread's busy seconds (``comm_busy_s``) and ``buckets``, reset by the call."""
-        return None if self._overlap is None else self._overlap.metrics()
+        return self._stepper.metrics()
 
     def strategy_state(self) -> dict[str, Any]:
         """The strategy state a checkpoint keeps (with a model attached: one per bucket)."""
-        if self._overlap is not None:
-            return self._overlap.state_dict()
-        return self.strategy.state_dict()
+        return self._stepper.state_dict()
 
     def load_strategy_state(self, state) -> None:
         """Restore what ``strategy_state`` returned."""
-        if self._overlap is not None:
-            self._overlap.load_state_dict(state)
-        else:
-            self.strategy.load_state_dict(state)
+        self._stepper.load_state_dict(state)
 
     def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
              minibatches: int | None = None) -> None:
@@ -338,23 +328,14 @@ class Peer:
                 this round (a non-blocking strategy stopped it); it still takes part in the
                 exchange.
         """
-        if self._overlap is not None:
-            self._overlap.step(model, optimizer, minibatches)
-            self.round += 1
-            return
-        self._local_step(model, optimizer, 1 if minibatches is None else minibatches)
+        self._stepper.step(model, optimizer, minibatches)
         self.round += 1
 
     def stop_requested(self, round: int) -> bool:
         """Whether to stop computing mini-batches of ``round`` now (``Strategy``)."""
-        if self._overlap is not None:  # overlapped strategies never stop rounds early
-            return False
-        with self.communicating():  # it may read (and check) whatever messages wait
-            return self.strategy.stop_requested(round)
+        return self._stepper.stop_requested(round)
 
     def computed_all(self, round: int) -> None:
         """Tell the strategy this peer computed every mini-batch of ``round``."""
-        if self._overlap is None:
-            with self.communicating():
-                self.strategy.computed_all(round)
+        self._stepper.computed_all(round)
 

@@ -32,12 +32,14 @@ def refusal(capabilities: dict[str, Any]) -> str | None:
 
 
 class Overlap:
-    """The overlap of one attached model: its mode, hooks and the peer's thread."""
+    """The overlap of one attached model: its mode, hooks and the peer's thread; the peer's
+    stepper while the model is attached (gossip/stepping.py's ``Stepper``)."""
 
     def __init__(self, peer, model: torch.nn.Module, *, bucket_mb: float,
                  first_bucket_mb: float = DEFAULT_FIRST_BUCKET_MB):
         check_caps(bucket_mb, first_bucket_mb)
         strategy = peer.strategy
+        self.rank = peer.rank
         why = refusal({key: getattr(strategy, key, None) for key in
                        ("stops_rounds_early", "plans_rounds", "synchronous")})
         if why:
@@ -58,7 +60,7 @@ class Overlap:
             if strategy.operates_on == "grads":
                 buckets = plan_buckets([p.numel() for p in params], params[0].element_size(),
                                        bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb)
-                strategies = [strategy] + [peer._add(_retagged(peer._build, b.index))
+                strategies = [strategy] + [peer.add_strategy(_retagged(peer.builder, b.index))
                                            for b in buckets[1:]]
                 if peer.send_delay:  # an emulated slow sender is slow in every bucket
                     peer.transport.delay_sends(peer.send_delay,
@@ -82,6 +84,16 @@ class Overlap:
     @property
     def busy(self) -> bool:
         return self.thread.busy
+
+    def attach(self, model: torch.nn.Module, *, bucket_mb: float,
+               first_bucket_mb: float) -> Overlap:
+        raise ConfigError(f"rank {self.rank}: a model is already attached to this peer")
+
+    def stop_requested(self, round: int) -> bool:
+        return False  # overlapped strategies never stop rounds early
+
+    def computed_all(self, round: int) -> None:
+        pass  # nothing to tell: the rounds are the thread's
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -132,9 +144,9 @@ def _retagged(build, index: int):
 
 
 def _average(peer, strategy, x: torch.Tensor, minibatches: int, round: int) -> None:
-    peer._on_host(x, lambda h, out: strategy.average_gradients(h, minibatches, round, out=out),
+    peer.on_host(x, lambda h, out: strategy.average_gradients(h, minibatches, round, out=out),
                   out=x)
 
 
 def _mix(peer, strategy, snapshot: torch.Tensor, mixed: torch.Tensor, round: int) -> None:
-    peer._on_host(snapshot, lambda h, out: strategy.synchronize(h, round, out=out), out=mixed)
+    peer.on_host(snapshot, lambda h, out: strategy.synchronize(h, round, out=out), out=mixed)

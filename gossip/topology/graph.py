@@ -277,16 +277,18 @@ class Topology:
 
     # -- value semantics ------------------------------------------------------------
 
-    def _key(self) -> tuple:
-        return (self._name, self._peers, self._edges, self._roles)
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Topology):
             return NotImplemented
-        return self._key() == other._key()
+        return _identity(self) == _identity(other)
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return hash(_identity(self))
 
     def __repr__(self) -> str:
         return f"Topology(name={self._name!r}, size={self.size}, edges={len(self._edges)})"
+
+
+def _identity(topology: Topology) -> tuple:
+    """What equal topologies share, read through their public view."""
+    return (topology.name, topology.peers, tuple(topology.edges()), topology.roles)

@@ -11,6 +11,7 @@ from gossip.errors import PeerGone, PeerTimeout, ProtocolError
 from gossip.transport import codec
 from gossip.transport.delivery import Delivery, SendWatch
 from gossip.transport.goodbye import Leaving, leave
+from gossip.transport.inbox import Inbox
 from gossip.transport.membership import CONTROL, Membership, Network
 from gossip.transport.message import Message
 from gossip.transport.pending import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, PendingMessages
@@ -70,8 +71,9 @@ class Transport(ABC):
         self.reject_nonfinite = reject_nonfinite
         self._finite_exempt: frozenset[str] = frozenset()  # kinds whose receiver checks
         self.stats = TransportStats()
-        self.pending = PendingMessages(max_bytes=max_pending_bytes,
-                                       max_messages=max_pending_messages)
+        self.inbox = Inbox(rank, PendingMessages(max_bytes=max_pending_bytes,
+                                                 max_messages=max_pending_messages),
+                           self.stats, receive=self._recv_frames, accept=self._accept)
         self._send_delay: tuple[float, frozenset[str]] = (0.0, frozenset())
         self.contacts: set[int] = set()  # ranks we sent to or heard from
         self.departed: set[int] = set()  # ranks that said goodbye
@@ -79,8 +81,8 @@ class Transport(ABC):
         # Dead peers, control messages, rejoin.
         self.membership = Membership(Network(
             rank=rank, size=size, clock=self.clock, describe=self.describe, send=self.send,
-            resend=self._send_encoded, pump=self._pump, never_reached=self._never_reached,
-            restarted=self._restarted, discard_before=self.pending.discard_before,
+            resend=self._send_encoded, wait=self.inbox.wait, never_reached=self._never_reached,
+            restarted=self._restarted, discard_before=self.inbox.pending.discard_before,
             moved=self._moved))
         self.waits = Waits(rank, self.send)  # a lockstep wait on a live peer, deadlocks
         self._sends = SendWatch(rank=rank, clock=self.clock, timeout=timeout,
@@ -212,10 +214,9 @@ class Transport(ABC):
                 (all-peer kinds) any peer is dead.
             CollectiveAborted: an all-peer round abandoned because a peer rejoined.
         """
-        if round is not None and round > self.membership.round:
-            self.membership.round = round
-            self._expire(round)
-        kept = self.pending.take(src, kind, round)
+        if round is not None:
+            self.at_round(round)
+        kept = self.inbox.take(src, kind, round)
         if kept is not None:
             return kept
         clock = self.clock
@@ -265,6 +266,13 @@ class Transport(ABC):
             if msg is not None:
                 return msg
 
+    def at_round(self, round: int) -> None:
+        """This peer works on ``round`` now (as a ``recv`` of it says): kept messages too far
+        behind it expire."""
+        if round > self.membership.round:
+            self.membership.round = round
+            self.inbox.expire(round)
+
     def shutdown(self, timeout: float = 10.0, flush: float = 1.0) -> set[int]:
         """Say goodbye to every contact and every peer linked to, wait for the contacts'
         goodbyes (goodbye.py), then close. Only our own goodbyes may still be queued: they get
@@ -276,7 +284,7 @@ class Transport(ABC):
                 contacts=self.contacts, departed=self.departed, linked=self.linked,
                 lost=lambda: set(self.membership.lost), dead=self.membership.firsthand(),
                 say_goodbye=lambda dst: self.send(dst, Message(kind=BYE, round=-1)),
-                pump=lambda t: self._pump(t, keep=False),
+                wait=lambda t: self.inbox.wait(t, keep=False),
                 link_up=self._link_up), timeout)
         finally:
             self.close(linger=flush)
@@ -287,15 +295,6 @@ class Transport(ABC):
         count it."""
         self._send_frames(dst, header, frames)
         self.stats.sent(kind, len(header) + sum(f.numel() for f in frames))
-
-    def _pump(self, timeout: float, *, keep: bool = True) -> bool:
-        """Read and handle one message, keeping it for a later receive (with ``keep``)
-        unless the transport handles it itself; False if none came within ``timeout``."""
-        frames = self._recv_frames(timeout)
-        if frames is None:
-            return False
-        self._accept(frames, keep=keep)
-        return True
 
     def _check_delivery(self, dst: int, kind: str) -> None:
         self._poll_liveness()
@@ -326,8 +325,8 @@ class Transport(ABC):
             elif msg.kind in self.own_kinds:
                 self._validate_internal(msg)
             wanted = want is not None and _matches(msg, *want)
-            refusal = None if internal or wanted or not keep else self.pending.refusal(msg,
-                                                                                          size)
+            refusal = (None if internal or wanted or not keep
+                       else self.inbox.pending.refusal(msg, size))
             if refusal is not None:
                 raise ProtocolError(refusal)
         except ProtocolError as exc:
@@ -353,21 +352,11 @@ class Transport(ABC):
             if wanted:
                 return msg
             if keep:
-                self.pending.add(msg, size)
+                self.inbox.pending.keep(msg, size)
         return None
 
     def _validate_internal(self, msg: Message) -> None:
         """Raise ProtocolError if a message of one of ``own_kinds`` is malformed."""
-
-    def _expire(self, round: int) -> None:
-        """Drop kept messages that fell too many rounds behind ``round``."""
-        dropped = self.pending.advance(round)
-        if dropped:
-            self.stats.messages_expired += len(dropped)
-            log.info("rank %d: dropped %d unclaimed message(s) of rounds before %d, never asked "
-                     "for (e.g. duplicates re-sent to a restarted peer): %s", self.rank,
-                     len(dropped), round - self.pending.rounds_behind,
-                     ", ".join(sorted({f"{m.kind} from peer {m.src}" for m in dropped})))
 
     def reject(self, reason: str, *, nbytes: int = 0, quiet: bool = False) -> None:
         """Log and count a dropped message (or refused connection); the peer keeps going.

@@ -24,7 +24,7 @@ LINK_CHECK_S = 0.1  # how often a leaving peer looks whether one it must tell is
 @dataclass(frozen=True)
 class Leaving:
     """What leaving asks of a transport. ``contacts`` (sent to or heard from) and
-    ``departed`` (said goodbye) are its live sets, which ``pump`` updates."""
+    ``departed`` (said goodbye) are its live sets, which ``wait`` updates."""
 
     rank: int
     clock: Clock
@@ -35,7 +35,7 @@ class Leaving:
     lost: Callable[[], set[int]]  # every peer known lost, also only reported
     dead: set[int]  # first-hand losses: told nothing
     say_goodbye: Callable[[int], None]
-    pump: Callable[[float], bool]  # read and handle one message, False after the timeout
+    wait: Callable[[float], bool]  # wait for one message and handle it; False: none came
     link_up: Callable[[int], bool]
 
 
@@ -60,7 +60,7 @@ def leave(how: Leaving, timeout: float) -> set[int]:
     deadline = clock.monotonic() + timeout
     while (silent() or untold()) and clock.monotonic() < deadline:
         wait = deadline - clock.monotonic()
-        how.pump(max(min(wait, LINK_CHECK_S) if untold() else wait, 0.0))
+        how.wait(max(min(wait, LINK_CHECK_S) if untold() else wait, 0.0))
     missing, unreached = silent(), untold()
     if missing:
         log.warning("rank %d: no goodbye from %s within %g s", how.rank,

@@ -59,8 +59,8 @@ class Network:
         send: ``send(dst, message)``: send a control message; may raise.
         resend: ``resend(dst, kind, header, frames)``: send an encoded message again
             (a replay; the transport counts it).
-        pump: ``pump(timeout)``: read and handle one incoming message, keeping it for a
-            later receive unless the transport handles it itself; False if none came.
+        wait: ``wait(timeout)``: wait for the next incoming message and handle it, keeping it
+            for a later receive unless the transport handles it itself; False if none came.
         never_reached: The ranks whose connection never came up in the time a dead peer is
             given (no process listens at their address).
         restarted: ``restarted(rank)``: forget what was set up with ``rank``'s old process.
@@ -74,7 +74,7 @@ class Network:
     describe: Callable[[int], str]
     send: Callable[[int, Message], Any]
     resend: Callable[[int, str, bytes, list], None]
-    pump: Callable[[float], bool]
+    wait: Callable[[float], bool]
     never_reached: Callable[[], set[int]]
     restarted: Callable[[int], None]
     discard_before: Callable[[int], Any]
@@ -299,7 +299,7 @@ class Membership:
         deadline = clock.monotonic() + timeout
         while set(others) - set(self._welcomes) and clock.monotonic() < deadline:
             # Messages for the rounds to come are kept meanwhile.
-            if net.pump(min(max(deadline - clock.monotonic(), 0.0), WAKE_S)):
+            if net.wait(min(max(deadline - clock.monotonic(), 0.0), WAKE_S)):
                 continue
             if others and set(others) <= net.never_reached():
                 raise RejoinError(

@@ -195,15 +195,15 @@ class LinkWatch:
         self.sockets: dict[int, zmq.Socket] = {}  # rank -> monitor socket of our link to it
         self._watched: dict[int, zmq.Socket] = {}
         self._ever_up: set[int] = set()
-        self._added_at: dict[int, float] = {}
+        self._watched_since: dict[int, float] = {}
         self._down_since: dict[int, float] = {}
         self._judged: set[int] = set()  # declared dead: never again
 
-    def add(self, rank: int, socket: zmq.Socket) -> zmq.Socket:
+    def watch(self, rank: int, socket: zmq.Socket) -> zmq.Socket:
         """Watch our link to ``rank``; returns its monitor socket (``read`` drains it)."""
         monitor = socket.get_monitor_socket(self.EVENTS)
         self.sockets[rank], self._watched[rank] = monitor, socket
-        self._added_at[rank] = self._now()
+        self._watched_since[rank] = self._now()
         return monitor
 
     def forget(self, rank: int) -> None:
@@ -214,7 +214,7 @@ class LinkWatch:
             monitor.close(linger=0)
         for state in (self._ever_up, self._judged):
             state.discard(rank)
-        self._added_at.pop(rank, None)
+        self._watched_since.pop(rank, None)
         self._down_since.pop(rank, None)
 
     def read(self, rank: int) -> None:
@@ -248,7 +248,7 @@ class LinkWatch:
         """Peers whose link has not come up once in the ``dead_after`` seconds since we
         started connecting to them: nothing listens at their address."""
         now = self._now()
-        return {rank for rank, since in self._added_at.items()
+        return {rank for rank, since in self._watched_since.items()
                 if rank not in self._ever_up and now - since >= self.dead_after}
 
     def judge(self, departed: set[int]) -> list[tuple[int, str]]:

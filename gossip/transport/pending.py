@@ -67,7 +67,7 @@ class PendingMessages:
                     f"buffer full ({self._count} messages, {self.bytes} bytes)")
         return None
 
-    def add(self, msg: Message, size: int) -> None:
+    def keep(self, msg: Message, size: int) -> None:
         """Keep ``msg``; the caller checked ``refusal`` first."""
         key = (msg.kind, msg.round, msg.src)
         queue = self._queues.get(key)

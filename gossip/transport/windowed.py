@@ -1,8 +1,8 @@
 """Receives that are not keyed by one round: the newest message in a window of rounds
-(bounded staleness) and any message of a kind already here (asynchronous strategies, which
-have no rounds). Both go through the transport's own checks, counters and buffer. And
-``Silence``, the limit of a wait that serves while it waits (asynchronous strategies,
-parameter servers)."""
+(bounded staleness), through the transport's own checks, counters and inbox. And ``Silence``,
+the limit of a wait that serves while it waits (asynchronous strategies, parameter servers).
+The asynchronous strategies, which have no rounds, take the messages of a kind already here
+from the inbox (``Transport.inbox.take_arrived``)."""
 
 from __future__ import annotations
 
@@ -41,44 +41,8 @@ def recv_latest(transport: Transport, *, src: int, kind: str, first: int, last: 
 def latest_arrived(transport: Transport, *, src: int, kind: str, first: int,
                    last: int) -> Message | None:
     """``recv_latest`` without the wait: None if no message of the window has arrived."""
-    at_round(transport, last)
-    drain(transport)  # everything already here, so the newest is seen
-    return transport.pending.take_latest(src, kind, first, last)
-
-
-def at_round(transport: Transport, round: int) -> None:
-    """This peer works on ``round`` now (as a ``recv`` of it says): kept messages too far
-    behind it expire."""
-    if round > transport.membership.round:
-        transport.membership.round = round
-        transport._expire(round)
-
-
-def drain(transport: Transport) -> None:
-    """Read every message already here into the transport's buffer, without waiting."""
-    while transport._pump(0.0):
-        pass
-
-
-def poll(transport: Transport, kind: str, *, src: int | None = None) -> Message | None:
-    """A ``kind`` message (from ``src``, if given) that has already arrived, any round,
-    oldest first; None at once if there is none. Never waits."""
-    while True:
-        kept = transport.pending.take(src, kind, None)
-        if kept is not None:
-            return kept
-        frames = transport._recv_frames(0.0)
-        if frames is None:
-            return None
-        msg = transport._accept(frames, want=(src, kind, None))
-        if msg is not None:
-            return msg
-
-
-def wait_any(transport: Transport, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for any message and keep it for a later receive;
-    False if none came."""
-    return transport._pump(timeout)
+    transport.at_round(last)
+    return transport.inbox.take_latest(src, kind, first, last)
 
 
 class Silence:

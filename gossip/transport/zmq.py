@@ -138,7 +138,7 @@ class ZmqTransport(Transport):
             endpoint = self.endpoints[dst]
             sock = push_socket(self._ctx, dst, timeout=self.timeout, keys=self.keys,
                                ipv6=is_ipv6(endpoint))
-            self._links.add(dst, sock)
+            self._links.watch(dst, sock)
             self.linked.add(dst)
             sock.connect((self.use_ipc and self.endpoints.twin(dst)) or endpoint)
             self._push[dst] = sock

@@ -116,7 +116,7 @@ def test_strangers_and_impostors_get_nothing_into_a_running_cluster(keyed_ring, 
                            "every kind of attack to be refused")
                 stop.set()
                 attacker.join(10.0)
-                assert not len(peer.transport.pending), "a poisoned message got in"
+                assert not len(peer.transport.inbox), "a poisoned message got in"
         stats[rank] = peer.stats
 
     try:

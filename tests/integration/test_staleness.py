@@ -32,10 +32,10 @@ def test_the_newest_message_in_the_window_is_used_and_older_ones_dropped():
         sender.send(0, Message("gossip", rnd, meta={"r": rnd}))
     msg = recv_latest(receiver, src=1, kind="gossip", first=4, last=6)
     assert msg.round == 5
-    assert [m.round for m in receiver.pending] == [7]  # 3 and 4 can no longer be used
+    assert [m.round for m in receiver.inbox] == [7]  # 3 and 4 can no longer be used
     sender.send(0, Message("gossip", 8))
     assert recv_latest(receiver, src=1, kind="gossip", first=8, last=9).round == 8
-    assert len(receiver.pending) == 0
+    assert len(receiver.inbox) == 0
 
 
 def test_staleness_with_a_compressor_is_refused():

@@ -221,3 +221,15 @@ def test_bucket_tags_name_their_base_instance():
     assert bucket_tag("ps", 3) == "ps.b3" and base_tag("ps.b3") == "ps"
     assert base_tag("ps") == "ps" and base_tag("ring.b12") == "ring"
     assert base_tag("ps.bx") == "ps.bx" and base_tag("a.b1.c") == "a.b1.c"
+
+
+def test_the_plain_and_overlap_steppers_do_every_stepper_operation():
+    # Peer holds one stepper and asks it, never which mode it is in: a stepper missing an
+    # operation would fail only in the mode that uses it.
+    from gossip.overlap import Overlap
+    from gossip.stepping import LocalStep, Stepper
+
+    operations = {name for name in vars(Stepper) if not name.startswith("_")}
+    assert {"attach", "busy", "step", "stop_requested", "no_sync", "close"} <= operations
+    for stepper in (LocalStep, Overlap):
+        assert operations <= set(dir(stepper)), operations - set(dir(stepper))

@@ -18,7 +18,7 @@ def msg(kind="gossip", round=0, src=1, tag=None) -> Message:
 def test_oldest_match_first_with_and_without_a_source():
     pending = PendingMessages()
     for tag, (src, rnd) in enumerate([(1, 0), (2, 0), (1, 0), (2, 1)]):
-        pending.add(msg(round=rnd, src=src, tag=tag), 10)
+        pending.keep(msg(round=rnd, src=src, tag=tag), 10)
     assert pending.take(2, "gossip", 0).meta["tag"] == 1
     assert pending.take(None, "gossip", 0).meta["tag"] == 0
     assert pending.take(None, "gossip", 0).meta["tag"] == 2
@@ -42,7 +42,7 @@ def test_a_receive_costs_the_same_however_many_messages_wait():
         for rnd in range(1, 1001):
             t1.send(0, Message("gossip", rnd))
             t0.recv(src=1, kind="gossip", round=rnd, timeout=5)
-        assert len(t0.pending) == junk
+        assert len(t0.inbox) == junk
         return time.perf_counter() - start
 
     clean = min(time_receives(0) for _ in range(2))
@@ -52,8 +52,8 @@ def test_a_receive_costs_the_same_however_many_messages_wait():
 
 def test_messages_long_behind_the_current_round_are_refused_and_expired():
     pending = PendingMessages(rounds_behind=4)
-    pending.add(msg(round=3), 10)
-    pending.add(msg(round=6), 10)
+    pending.keep(msg(round=3), 10)
+    pending.keep(msg(round=6), 10)
     assert pending.advance(7) == []  # rounds >= 3 may still be asked for
     dropped = pending.advance(9)  # rounds < 5 can never be asked for again
     assert [m.round for m in dropped] == [3] and len(pending) == 1
@@ -66,7 +66,7 @@ def test_messages_long_behind_the_current_round_are_refused_and_expired():
 def test_count_and_byte_caps():
     pending = PendingMessages(max_messages=3, max_bytes=100)
     for rnd in range(3):
-        pending.add(msg(round=rnd), 10)
+        pending.keep(msg(round=rnd), 10)
     assert "buffer full (3 messages, 30 bytes)" in pending.refusal(msg(round=9), 10)
     pending.take(1, "gossip", 0)
     assert pending.refusal(msg(round=9), 10) is None
@@ -81,14 +81,14 @@ def test_transport_rejects_what_it_cannot_keep_and_expires_what_falls_behind():
         t1.send(0, Message("gossip", rnd, buffers=()))
     t1.send(0, Message("gossip", 0))
     assert t0.recv(src=1, kind="gossip", round=0, timeout=1).round == 0
-    assert len(t0.pending) == 5 and t0.stats.messages_rejected == 5
+    assert len(t0.inbox) == 5 and t0.stats.messages_rejected == 5
     assert all("buffer full" in reason for reason in t0.stats.rejections)
     # Rejected messages are not received messages: the totals still add up by kind.
     assert t0.stats.messages_recv == 6
     t1.send(0, Message("gossip", 130))
     t1.send(0, Message("gossip", 2))  # 128 rounds behind by the time it is read
     assert t0.recv(src=1, kind="gossip", round=130, timeout=1).round == 130
-    assert t0.stats.messages_expired == 5 and len(t0.pending) == 0
+    assert t0.stats.messages_expired == 5 and len(t0.inbox) == 0
     with pytest.raises(PeerTimeout):
         t0.recv(src=1, kind="gossip", round=131, timeout=0.1)
     assert "more than 16 rounds behind" in t0.stats.rejections[-1]

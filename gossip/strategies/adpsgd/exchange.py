@@ -30,7 +30,7 @@ from gossip.errors import ConfigError, PeerTimeout, ProtocolError
 from gossip.strategies.adpsgd.options import ADPSGDOptions
 from gossip.strategies.base import Strategy
 from gossip.transport import Message
-from gossip.transport.windowed import Silence, poll, wait_any
+from gossip.transport.windowed import Silence
 
 log = logging.getLogger("gossip.strategies")
 WAIT_S = 0.05  # how long ``finish`` waits for a message before checking liveness again
@@ -95,18 +95,18 @@ class ADPSGD(Strategy):
 
     def poll(self) -> None:
         """Answer the requests and apply the replies that have arrived; never waits."""
-        transport = self.transport
+        inbox = self.transport.inbox
         while True:
-            request = poll(transport, self.request_kind)
+            request = inbox.take_arrived(self.request_kind)
             if request is not None:
                 self._answer(request)
-            reply = poll(transport, self.reply_kind)
+            reply = inbox.take_arrived(self.reply_kind)
             if reply is not None:
                 self._apply(reply)
-            done = poll(transport, self.done_kind)
+            done = inbox.take_arrived(self.done_kind)
             if done is not None:
                 self.done_from.add(done.src)
-            hello = poll(transport, self.hello_kind)
+            hello = inbox.take_arrived(self.hello_kind)
             if hello is not None:
                 self.hello_from.add(hello.src)
             if request is None and reply is None and done is None and hello is None:
@@ -195,7 +195,7 @@ class ADPSGD(Strategy):
             if silence.over(waiting_on()):
                 raise PeerTimeout(f"rank {self.rank}: adpsgd: no {what}, no other message "
                                   f"and no sign of life within {transport.timeout:g} s")
-            if wait_any(transport, min(WAIT_S, silence.left())):
+            if transport.inbox.wait(min(WAIT_S, silence.left())):
                 silence.heard()
 
     def state_dict(self) -> dict[str, Any]:

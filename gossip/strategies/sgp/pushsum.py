@@ -23,7 +23,6 @@ from gossip.strategies.base import Strategy
 from gossip.strategies.sgp.options import SGPOptions
 from gossip.topology.directed import push_graph
 from gossip.transport import Message
-from gossip.transport.windowed import at_round, drain
 
 log = logging.getLogger("gossip.strategies")
 
@@ -73,9 +72,9 @@ class PushSum(Strategy):
         """Add the pushes due by ``round`` into ``numerator`` in a fixed order (round,
         sender); returns the weight they carried."""
         tau = self.options.overlap
-        at_round(self.transport, round)
+        self.transport.at_round(round)
         if tau:
-            drain(self.transport)
+            self.transport.inbox.drain()
         added = 0.0
         for r in sorted(self.awaited):
             must = r <= round - tau
@@ -89,7 +88,7 @@ class PushSum(Strategy):
                         self._lose(i, r)
                         continue
                 else:
-                    msg = self.transport.pending.take(i, self.tag, r)
+                    msg = self.transport.inbox.take(i, self.tag, r)
                     if msg is None:
                         continue
                 numerator.add_(self._expect(msg, numerator.numel()))
