@@ -29,7 +29,7 @@ import torch.distributed as dist
 import zmq
 
 from gossip.bench.harness import format_table, run_ranks, summarize
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 
 _HOST = "127.0.0.1"
 # Elements compared one by one in the gloo correctness check; the rest of the tensor

@@ -2,7 +2,7 @@
 
 Every peer samples its resident memory, open file descriptors, sockets and threads after a
 warm-up (when the allocator holds its peak of in-flight messages: see
-gossip/transport/memory.py) and again at the end. A leak shows as growth between the two.
+gossip/transport/malloc_tuning.py) and again at the end. A leak shows as growth between the two.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from multiprocessing import get_context
 import torch
 
 from gossip.bench.harness import format_table, run_ranks
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 
 _HOST = "127.0.0.1"
 

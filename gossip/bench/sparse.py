@@ -70,7 +70,7 @@ def run(peers: int, numel: int, density: float, *, reps: int = 5, warmup: int = 
                 cluster.topology("ring").to_yaml(path)
                 reports = _run_ranks(peers, path, args, timeout, wrap=cluster.command)
         else:
-            from gossip.netutil import free_ports
+            from gossip.ports import free_ports
 
             Topology.generate("ring", peers, host=_HOST).relocated(
                 ports=free_ports(peers, _HOST)).to_yaml(path)

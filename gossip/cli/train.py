@@ -276,7 +276,7 @@ def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key
     from gossip.crossover.connect import device_config
     from gossip.launch import LaunchFailed, check_deaths
     from gossip.matrix import check_run
-    from gossip.netutil import free_ports
+    from gossip.ports import free_ports
     from gossip.run import launch_run
     from gossip.topology import Topology
 

@@ -12,7 +12,7 @@ from gossip.errors import ConfigError, GossipError
 from gossip.experiment.spec import Experiment, Run
 from gossip.launch import check_deaths
 from gossip.matrix import check_run
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.zygote import Zygote
 
 

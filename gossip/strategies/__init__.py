@@ -1,7 +1,7 @@
 """Synchronization strategies, built by name from STRATEGIES; one subpackage per family."""
 
 from gossip.strategies import (  # noqa: F401 (register)
-    adpsgd, gossip, local, matcha, nonblocking, ps, ring, sgp, sparse)
+    adpsgd, dpsgd, local, matcha, nonblocking, ps, ring, sgp, sparse)
 from gossip.strategies.base import DEFAULT, EXACT_MEAN, STRATEGIES, Strategy
 from gossip.strategies.options import Options, option
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 ORACLE = textwrap.dedent("""
     import threading, numpy as np, torch, gossip, ring_mean_example
-    from gossip.netutil import free_ports
+    from gossip.ports import free_ports
     size, w = 5, 0.5
     topology = gossip.Topology.ring(size).relocated(ports=free_ports(size))
     x0 = torch.randn(size, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

@@ -9,8 +9,8 @@ import torch
 from gossip.compress import create
 from gossip.errors import ConfigError
 from gossip.peer import Peer
-from gossip.strategies.gossip import ChocoGossip, DPSGDOptions
-from gossip.strategies.gossip.compression import default_gamma
+from gossip.strategies.dpsgd import ChocoGossip, DPSGDOptions
+from gossip.strategies.dpsgd.compression import default_gamma
 from gossip.transport import LoopbackHub
 
 

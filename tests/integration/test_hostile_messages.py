@@ -15,7 +15,7 @@ import torch
 import zmq
 
 from gossip.errors import PeerTimeout
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.topology import Topology
 from gossip.transport import ZmqTransport

@@ -23,7 +23,7 @@ from gossip import checkpoint
 from gossip.config import TrainConfig
 from gossip.errors import RejoinError
 from gossip.metrics import MetricsWriter, read_jsonl
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.strategies.matcha import Matcha, MatchaOptions
 from gossip.training import train

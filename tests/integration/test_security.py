@@ -19,7 +19,7 @@ import zmq
 from gossip import keys
 from gossip.errors import PeerTimeout
 from gossip.keys import CurveKeys
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.transport import Message, ZmqTransport, codec
 from support import peer_once_all_bound, read_until

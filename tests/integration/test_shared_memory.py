@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 
 PEER = textwrap.dedent("""
     import sys, torch

@@ -53,7 +53,7 @@ PROBE = textwrap.dedent("""
             box.free([offset])
         box.close()
 
-    from gossip.netutil import free_ports
+    from gossip.ports import free_ports
     from gossip.peer import Peer
     from gossip.topology import Topology
     data = [torch.full((300_007,), float(rank)) for rank in range(3)]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.topology import Topology
 from gossip.transport import LoopbackHub, ZmqTransport

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gossip.compress import create
-from gossip.strategies.gossip import public_copy
-from gossip.strategies.gossip.public_copy import PublicCopy
+from gossip.strategies.dpsgd import public_copy
+from gossip.strategies.dpsgd.public_copy import PublicCopy
 
 
 @pytest.mark.parametrize("name, options", [

@@ -1,6 +1,6 @@
 """MATCHA with compressed differences: CHOCO-Gossip on a graph that changes every round.
 
-CHOCO's memory-efficient s-form (strategies/gossip/choco.py) relies on fixed weights and on every neighbour
+CHOCO's memory-efficient s-form (strategies/dpsgd/choco.py) relies on fixed weights and on every neighbour
 hearing every update of a peer's public copy. Under MATCHA an edge that is off carries no
 message, so one public copy per peer would drift apart between the neighbours that heard an
 update and those that did not. Here each edge (i, j) has its own pair of public copies,
@@ -23,7 +23,7 @@ import torch
 from gossip.compress import Payload
 from gossip.errors import ConfigError, ProtocolError
 from gossip.strategies.base import Strategy
-from gossip.strategies.gossip.compression import default_gamma, shrink
+from gossip.strategies.dpsgd.compression import default_gamma, shrink
 from gossip.strategies.matcha.options import MatchaOptions
 from gossip.strategies.matcha.schedule import MatchaSchedule
 from gossip.transport import Message

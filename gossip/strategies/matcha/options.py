@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gossip.strategies.gossip.compression import ChocoOptions
+from gossip.strategies.dpsgd.compression import ChocoOptions
 from gossip.strategies.options import at_least, in_unit_interval, option
 
 

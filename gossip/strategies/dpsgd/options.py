@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gossip.errors import ConfigError
-from gossip.strategies.gossip.compression import ChocoOptions
+from gossip.strategies.dpsgd.compression import ChocoOptions
 from gossip.strategies.options import option
 
 #: Staleness is bounded by what the transport keeps of rounds past (transport/pending.py).

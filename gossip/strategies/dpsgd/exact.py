@@ -9,8 +9,8 @@ import torch
 
 from gossip.errors import PeerGone, RejoinError
 from gossip.strategies.base import Strategy
-from gossip.strategies.gossip.neighbourhood import Neighbourhood
-from gossip.strategies.gossip.options import DPSGDOptions
+from gossip.strategies.dpsgd.neighbourhood import Neighbourhood
+from gossip.strategies.dpsgd.options import DPSGDOptions
 from gossip.transport import Message
 
 
