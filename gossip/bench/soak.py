@@ -57,11 +57,11 @@ def _rank(rank, world, strategy, ports, numel, rounds, warmup, barrier, timeout)
     with Peer(rank, topology, strategy, timeout=timeout) as peer:
         barrier.wait(timeout)
         t0 = time.perf_counter()
-        for rnd in range(rounds):
-            peer.synchronize(x, rnd, out=x)
-            if rnd == warmup - 1:
+        for round in range(rounds):
+            peer.synchronize(x, round, out=x)
+            if round == warmup - 1:
                 start = process_usage()
-            if rnd == (warmup + rounds) // 2 - 1:
+            if round == (warmup + rounds) // 2 - 1:
                 mid = process_usage()
         seconds = time.perf_counter() - t0
         end = process_usage()

@@ -25,8 +25,8 @@ ORACLE = textwrap.dedent("""
     def peer(rank):
         with gossip.Peer(rank, topology, "ring-mean", timeout=10, weight=w) as p:
             x = x0[rank].clone()
-            for rnd in range(3):
-                x = p.synchronize(x, rnd, out=x)
+            for round in range(3):
+                x = p.synchronize(x, round, out=x)
             out[rank] = x
     threads = [threading.Thread(target=peer, args=(r,)) for r in range(size)]
     for t in threads: t.start()

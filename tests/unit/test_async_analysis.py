@@ -15,10 +15,10 @@ def write_run(run_dir, strategy: str, walls: list[list[float]]) -> None:
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"strategy": strategy}}))
     for rank, peer_walls in enumerate(walls):
-        lines = [{"round": rnd, "time": wall, "wall": 100.0 + wall,
-                  "loss": float(rank), "accuracy": 0.5, "bytes_sent": 10 * (rnd + 1),
+        lines = [{"round": round, "time": wall, "wall": 100.0 + wall,
+                  "loss": float(rank), "accuracy": 0.5, "bytes_sent": 10 * (round + 1),
                   "samples": 8, "minibatches": 1}
-                 for rnd, wall in enumerate(peer_walls)]
+                 for round, wall in enumerate(peer_walls)]
         (run_dir / f"peer-{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
