@@ -1,7 +1,7 @@
 """gossip: decentralized deep learning over ZeroMQ.
 
 Public API: ``Peer``, ``Topology``, ``TrainConfig``, ``train``; to write and register a
-strategy of your own, ``Strategy``, ``STRATEGIES``, ``Options`` and ``option``; compressors
+strategy of your own, ``Strategy``, ``STRATEGIES``, ``TaggedOptions`` and ``option``; compressors
 through ``Compressor`` and ``COMPRESSORS``; and the whole error family. Attributes load lazily,
 so the command line starts without importing torch.
 """
@@ -32,6 +32,7 @@ _LAZY = {
     "STRATEGIES": "gossip.strategies",
     "Strategy": "gossip.strategies",
     "Options": "gossip.strategies",
+    "TaggedOptions": "gossip.strategies",
     "option": "gossip.strategies",
     "COMPRESSORS": "gossip.compress",
     "Compressor": "gossip.compress",

@@ -3,6 +3,6 @@
 from gossip.strategies import (  # noqa: F401 (register)
     adpsgd, dpsgd, local, matcha, nonblocking, ps, ring, sgp, sparse)
 from gossip.strategies.base import DEFAULT, EXACT_MEAN, STRATEGIES, Strategy
-from gossip.strategies.options import Options, option
+from gossip.strategies.options import Options, TaggedOptions, option
 
-__all__ = ["DEFAULT", "EXACT_MEAN", "STRATEGIES", "Options", "Strategy", "option"]
+__all__ = ["DEFAULT", "EXACT_MEAN", "STRATEGIES", "Options", "Strategy", "TaggedOptions", "option"]

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from gossip.errors import ConfigError, ProtocolError, RejoinError
-from gossip.strategies.options import Options
+from gossip.strategies.options import Options, TaggedOptions
 from gossip.strategies.registry import StrategyRegistry
 from gossip.transport import Message, Transport
 
@@ -128,9 +128,13 @@ class Strategy(ABC):
         return None
 
     @property
-    @abstractmethod
     def kinds(self) -> tuple[str, ...]:
-        """Message kinds this strategy sends and expects."""
+        """Message kinds this strategy sends and expects: by default those its options name
+        (``TaggedOptions.kinds``); a strategy whose options carry no tag says its own."""
+        if not isinstance(self.options, TaggedOptions):
+            raise NotImplementedError(f"{type(self).__name__} declares its options on "
+                                      f"TaggedOptions or says its message kinds (kinds)")
+        return self.options.kinds
 
     @abstractmethod
     def synchronize(self, x: torch.Tensor, round: int, *,

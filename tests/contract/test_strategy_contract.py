@@ -19,6 +19,7 @@ from gossip.overlap import plan_buckets, refusal
 from gossip.overlap.buckets import MIB
 from gossip.peer import Peer
 from gossip.strategies import STRATEGIES
+from gossip.strategies.options import TaggedOptions
 from gossip.transport import LoopbackHub
 from support import assert_same
 
@@ -151,6 +152,15 @@ def test_every_strategy_documents_its_options_and_capabilities():
         assert row["doc"], f"{row['name']} has no docstring"
         assert all(o["doc"] for o in row["options"]), f"{row['name']}: an option without doc"
         assert row["capabilities"]["operates_on"] in ("grads", "params"), row
+
+
+def test_every_strategy_names_its_messages_by_its_tag():
+    """A tag per instance keeps two on one transport apart (overlap's buckets retag)."""
+    for name in STRATEGIES.names():
+        options = STRATEGIES.options(name, {})
+        assert isinstance(options, TaggedOptions), name
+        assert options.kinds and all(kind == options.tag or kind.startswith(options.tag + ".")
+                                     for kind in options.kinds), (name, options.kinds)
 
 
 # -- under overlap (Peer.attach): buckets during backward ---------------------------------

@@ -45,10 +45,6 @@ class ChocoGossip(Strategy):
         self.gamma = self.options.gamma
         self._state: PublicCopy | None = None  # x̂_i, s_i and the buffers reused each round
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
-
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
         flat, dest = x.reshape(-1), self._output(x, out)

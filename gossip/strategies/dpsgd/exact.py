@@ -33,10 +33,6 @@ class DPSGD(Strategy):
         transport.connect(self.mixing.neighbors)  # so a neighbour dying at once is noticed
 
     @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
-
-    @property
     def neighbors(self) -> tuple[int, ...]:
         return self.mixing.neighbors
 

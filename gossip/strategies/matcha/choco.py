@@ -55,10 +55,6 @@ class ChocoMatcha(Strategy):
         self._tensor: tuple[int, torch.dtype] | None = None  # (numel, dtype) of every round
 
     @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
-
-    @property
     def dropped(self) -> dict[int, int]:
         return self.schedule.dropped
 

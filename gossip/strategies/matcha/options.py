@@ -9,7 +9,7 @@ from gossip.strategies.options import at_least, in_unit_interval, option
 
 
 @dataclass(frozen=True)
-class MatchaOptions(ChocoOptions):
+class MatchaOptions(ChocoOptions, tag="matcha"):
     """Options of ``matcha``."""
 
     examples = ({"budget": 0.5}, {"budget": 1.0, "seed": 3},
@@ -20,4 +20,3 @@ class MatchaOptions(ChocoOptions):
                            check=in_unit_interval)
     seed: int = option(0, "seed of the activation schedule, the same on every peer",
                        check=at_least(0))
-    tag: str = option("matcha", "message kind, distinct per instance on one transport")
