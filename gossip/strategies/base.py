@@ -19,7 +19,7 @@ STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
 CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer",
                 "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
-                "plans_rounds", "keeps_tensor", "serves_roles")
+                "plans_rounds", "keeps_tensor", "serves_roles", "wraps")
 #: The strategy a peer runs when none is named.
 DEFAULT = "dpsgd"
 #: An exact all-reduce mean over every peer (the consensus probe measures with it).
@@ -103,6 +103,11 @@ class Strategy(ABC):
     #: serves answers the workers in ``serve``. Others send to every neighbour each round,
     #: so a topology with roles is refused for them (gossip/matrix.py).
     serves_roles: ClassVar[bool] = False
+    #: It runs another registered strategy that does the combining, named by its options
+    #: (``inner``, ``inner_options``); its options class decides which it accepts
+    #: (``accepts_inner``) and most capabilities are the inner one's
+    #: (gossip/strategies/wrapping.py).
+    wraps: ClassVar[bool] = False
 
     def __init__(self, *, rank: int, topology, transport: Transport,
                  options: Options | None = None):

@@ -68,6 +68,7 @@ class NonBlocking(Strategy):
 
     options_class = NonBlockingOptions
     stops_rounds_early = True
+    wraps = True
 
     def __init__(self, *, rank, topology, transport, options: NonBlockingOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
@@ -84,7 +85,7 @@ class NonBlocking(Strategy):
     def capabilities_for(cls, options: NonBlockingOptions) -> dict[str, Any]:
         inner = STRATEGIES.strategy_class(options.inner, options.inner_options)
         return {**inner.capabilities_for(options.inner_options), "can_rejoin": False,
-                "stops_rounds_early": True}
+                "stops_rounds_early": True, "wraps": True}
 
     @property
     def kinds(self) -> tuple[str, ...]:
