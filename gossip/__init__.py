@@ -15,6 +15,7 @@ from gossip.errors import (
     NetnsError,
     NetnsUnavailable,
     PeerGone,
+    PeerNotOpen,
     PeerTimeout,
     ProtocolError,
     RejoinError,
@@ -42,9 +43,10 @@ _LAZY = {
     "ManualClock": "gossip.clock",
 }
 
-__all__ = ["GossipError", "ConfigError", "TopologyError", "CheckpointError", "TransportError",
-           "PeerTimeout", "PeerGone", "CollectiveAborted", "RejoinError", "RendezvousError",
-           "ProtocolError", "TransportBusy", "LaunchFailed", "NetnsError", "NetnsUnavailable",
+__all__ = ["GossipError", "ConfigError", "TopologyError", "CheckpointError", "PeerNotOpen",
+           "TransportError", "PeerTimeout", "PeerGone", "CollectiveAborted", "RejoinError",
+           "RendezvousError", "ProtocolError", "TransportBusy", "LaunchFailed", "NetnsError",
+           "NetnsUnavailable",
            *_LAZY]
 
 

@@ -11,7 +11,7 @@ import torch
 
 from gossip import keys
 from gossip.device import HostStaging
-from gossip.errors import ConfigError, TransportBusy
+from gossip.errors import ConfigError, PeerNotOpen, TransportBusy
 from gossip.matrix import check, topology_modes
 from gossip.overlap import DEFAULT_BUCKET_MB, Overlap
 from gossip.rendezvous import Rendezvous
@@ -170,7 +170,7 @@ class Peer:
         runs only this). Leaving the ``with`` block runs it too; nothing for strategies
         without server work."""
         if self.strategy is None:
-            raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+            raise PeerNotOpen("Peer is not open: use 'with gossip.Peer(...) as peer:'")
         with self.communicating():
             self.strategy.serve()
 
@@ -243,7 +243,7 @@ class Peer:
         of into a new tensor, which saves an allocation per round on large tensors.
         """
         if self.strategy is None:
-            raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+            raise PeerNotOpen("Peer is not open: use 'with gossip.Peer(...) as peer:'")
         with self.communicating():
             return self._on_host(tensor.detach(), lambda x, out: self.strategy.synchronize(
                 x, round, out=out), out=out)
@@ -289,7 +289,7 @@ class Peer:
                 parameters of several dtypes or devices.
         """
         if self.strategy is None:
-            raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+            raise PeerNotOpen("Peer is not open: use 'with gossip.Peer(...) as peer:'")
         if self._overlap is not None:
             raise ConfigError(f"rank {self.rank}: a model is already attached to this peer")
         self._overlap = Overlap(self, model, bucket_mb=bucket_mb,

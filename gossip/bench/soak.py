@@ -15,6 +15,7 @@ from multiprocessing import get_context
 import torch
 
 from gossip.bench.harness import format_table, run_ranks
+from gossip.errors import ConfigError
 from gossip.ports import free_ports
 
 _HOST = "127.0.0.1"
@@ -40,7 +41,7 @@ def soak(peers: int, numel: int, rounds: int, *, warmup: int = 50, strategy: str
     """Per peer: usage after ``warmup`` rounds, half-way between that and the end, and after
     all ``rounds``, and seconds taken."""
     if rounds <= warmup:
-        raise ValueError(f"rounds ({rounds}) must exceed warmup ({warmup})")
+        raise ConfigError(f"rounds ({rounds}) must exceed warmup ({warmup})")
     ports = free_ports(peers, _HOST)
     barrier = get_context("spawn").Barrier(peers)
     return run_ranks(_rank, peers, strategy, ports, numel, rounds, warmup, barrier, timeout,

@@ -137,8 +137,8 @@ class Strategy(ABC):
         """Message kinds this strategy sends and expects: by default those its options name
         (``TaggedOptions.kinds``); a strategy whose options carry no tag says its own."""
         if not isinstance(self.options, TaggedOptions):
-            raise NotImplementedError(f"{type(self).__name__} declares its options on "
-                                      f"TaggedOptions or says its message kinds (kinds)")
+            raise ConfigError(f"{type(self).__name__}: declare its options on TaggedOptions "
+                              f"or say its message kinds (kinds)")
         return self.options.kinds
 
     @abstractmethod

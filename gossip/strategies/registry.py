@@ -46,7 +46,7 @@ class StrategyRegistry(Registry):
                               _first_line(target))
             else:
                 if options is None:
-                    raise TypeError(f"strategy {name!r}: a selector needs options=...")
+                    raise ConfigError(f"strategy {name!r}: a selector needs options=...")
                 entry = Entry(name, options, target, _first_line(target))
             super(StrategyRegistry, self).register(name)(entry)
             return target

@@ -63,7 +63,7 @@ def test_error_feedback_keeps_residuals_per_key_and_checkpoints_them():
     x = gaussian(100, 3)
     assert torch.equal(ef.decompress(ef.compress(x, key="a")),
                        other.decompress(other.compress(x, key="a")))
-    with pytest.raises(ValueError, match="key 'a' was compressed before as 100"):
+    with pytest.raises(ConfigError, match="key 'a' was compressed before as 100"):
         ef.compress(gaussian(99, 4), key="a")
 
 
