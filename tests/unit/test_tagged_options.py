@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from gossip.errors import ConfigError
-from gossip.strategies.options import TaggedOptions, option
+from gossip.strategies import Strategy
+from gossip.strategies.options import Options, TaggedOptions, option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,3 +37,18 @@ def test_kinds_follow_the_tag_when_retagged():
 def test_a_tag_is_checked_like_any_option():
     with pytest.raises(ConfigError, match="tag must be a string"):
         PairOptions(tag=3)
+
+
+def test_a_strategy_has_its_options_kinds_or_says_its_own():
+    class Quiet(Strategy):
+        operates_on = "params"
+
+        def synchronize(self, x, round, *, out=None):
+            return x
+
+    quiet = Quiet.__new__(Quiet)
+    quiet.options = PairOptions(tag="q")
+    assert quiet.kinds == ("q.up", "q.down")
+    quiet.options = Options()
+    with pytest.raises(ConfigError, match="Quiet: declare its options on TaggedOptions"):
+        quiet.kinds
