@@ -124,7 +124,8 @@ def decode(
     if not _is_int(round) or not _is_int(src) or src < 0:
         raise ProtocolError(f"bad round/src in header: round={round!r} src={src!r}")
     if peers is not None and src >= peers:
-        raise ProtocolError(f"{kind} round {round}: src {src} is not a peer (ranks 0..{peers - 1})")
+        raise ProtocolError(f"{kind} round {round}: src {src} is not a peer "
+                            f"(ranks 0..{peers - 1})")
     if sender is not None and src != sender:
         raise ProtocolError(f"{kind} round {round} claims to come from peer {src} but was sent "
                             f"with peer {sender}'s key")

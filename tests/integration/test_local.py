@@ -68,7 +68,8 @@ def test_bytes_grow_only_in_averaging_rounds_and_peers_agree_bitwise_after(local
     averaging = {0, 3, 6}  # the warm-up round, then every third
     for rank in range(5):
         for round in range(7):
-            assert sent[rank][round] == (ring_bytes[rank] if round in averaging else 0), (rank, round)
+            expected = ring_bytes[rank] if round in averaging else 0
+            assert sent[rank][round] == expected, (rank, round)
     for round in range(7):
         row = results[round]
         if round in averaging:

@@ -59,8 +59,8 @@ def test_the_cursor_wraps_around_and_an_exhausted_pool_is_named():
     picker = PortPicker([a, b, c], start=1)
     assert picker.take(2) == [b, c]
     assert picker.take(2) == [a, b]  # round again: the oldest first
-    with held(c), pytest.raises(TransportError, match=f"only 2 of 3 ports free on 127.0.0.1 among 3 "
-                                                      f"from {a} to {c}"):
+    exhausted = f"only 2 of 3 ports free on 127.0.0.1 among 3 from {a} to {c}"
+    with held(c), pytest.raises(TransportError, match=exhausted):
         picker.take(3)
 
 

@@ -1,7 +1,7 @@
 """MATCHA with compressed differences: CHOCO-Gossip on a graph that changes every round.
 
-CHOCO's memory-efficient s-form (strategies/dpsgd/choco.py) relies on fixed weights and on every neighbour
-hearing every update of a peer's public copy. Under MATCHA an edge that is off carries no
+CHOCO's memory-efficient s-form (strategies/dpsgd/choco.py) relies on fixed weights and on
+every neighbour hearing every update of a peer's public copy. Under MATCHA an edge that is off carries no
 message, so one public copy per peer would drift apart between the neighbours that heard an
 update and those that did not. Here each edge (i, j) has its own pair of public copies,
 x̂_i^(j) (what j knows of i) and x̂_j^(i), held bit for bit by both ends and advanced only in
