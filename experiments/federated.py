@@ -12,7 +12,7 @@ import matplotlib
 import torch
 
 import gossip
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.tasks import BatchStream, create_task, evaluate, partition
 
 matplotlib.use("Agg")

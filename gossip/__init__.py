@@ -1,7 +1,7 @@
 """gossip: decentralized deep learning over ZeroMQ.
 
 Public API: ``Peer``, ``Topology``, ``TrainConfig``, ``train``; to write and register a
-strategy of your own, ``Strategy``, ``STRATEGIES``, ``Options`` and ``option``; compressors
+strategy of your own, ``Strategy``, ``STRATEGIES``, ``TaggedOptions`` and ``option``; compressors
 through ``Compressor`` and ``COMPRESSORS``; and the whole error family. Attributes load lazily,
 so the command line starts without importing torch.
 """
@@ -15,6 +15,7 @@ from gossip.errors import (
     NetnsError,
     NetnsUnavailable,
     PeerGone,
+    PeerNotOpen,
     PeerTimeout,
     ProtocolError,
     RejoinError,
@@ -32,6 +33,7 @@ _LAZY = {
     "STRATEGIES": "gossip.strategies",
     "Strategy": "gossip.strategies",
     "Options": "gossip.options",
+    "TaggedOptions": "gossip.options",
     "option": "gossip.options",
     "COMPRESSORS": "gossip.compress",
     "Compressor": "gossip.compress",
@@ -41,9 +43,10 @@ _LAZY = {
     "ManualClock": "gossip.clock",
 }
 
-__all__ = ["GossipError", "ConfigError", "TopologyError", "CheckpointError", "TransportError",
-           "PeerTimeout", "PeerGone", "CollectiveAborted", "RejoinError", "RendezvousError",
-           "ProtocolError", "TransportBusy", "LaunchFailed", "NetnsError", "NetnsUnavailable",
+__all__ = ["GossipError", "ConfigError", "TopologyError", "CheckpointError", "PeerNotOpen",
+           "TransportError", "PeerTimeout", "PeerGone", "CollectiveAborted", "RejoinError",
+           "RendezvousError", "ProtocolError", "TransportBusy", "LaunchFailed", "NetnsError",
+           "NetnsUnavailable",
            *_LAZY]
 
 

@@ -17,6 +17,10 @@ class CheckpointError(ConfigError):
     """A checkpoint file is missing, corrupt or belongs to another run; the message names it."""
 
 
+class PeerNotOpen(GossipError):
+    """A ``Peer`` was used outside its ``with`` block: before it opened or after it closed."""
+
+
 class TransportError(GossipError):
     """A socket could not be opened, bound or used."""
 

@@ -19,6 +19,7 @@ from typing import Any
 from gossip.errors import ConfigError
 from gossip.strategies import STRATEGIES
 from gossip.strategies.registry import parse_options
+from gossip.strategies.wrapping import wrapped
 
 Capabilities = Mapping[str, Any]
 
@@ -102,14 +103,11 @@ CONFLICTS: dict[tuple[str, str], str] = {
 
 
 def wrappers() -> list[Feature]:
-    """Being wrapped by each registered wrapper strategy (one whose options class decides
-    ``accepts_inner``), as a mode."""
-    found = []
-    for name in STRATEGIES.names():
-        accepts = getattr(STRATEGIES.entry(name).options, "accepts_inner", None)
-        if accepts is not None:
-            found.append(Feature(f"in {name}", f"{name}: inner", accepts, wrapper=name))
-    return found
+    """Being wrapped by each registered wrapper strategy (capability ``wraps``: its options
+    class decides ``accepts_inner``), as a mode."""
+    return [Feature(f"in {name}", f"{name}: inner",
+                    STRATEGIES.entry(name).options.accepts_inner, wrapper=name)
+            for name in STRATEGIES.where(wraps=True)]
 
 
 def features() -> list[Feature]:
@@ -138,11 +136,10 @@ def capabilities(strategy, options: Mapping[str, Any] | None = None) -> dict[str
 
 def label(strategy, options: Mapping[str, Any] | None = None) -> str:
     """How the table names a strategy: ``local[dpsgd]`` for a wrapper and its inner."""
-    name = strategy if isinstance(strategy, str) else getattr(strategy, "__name__", "factory")
-    inner = (options or {}).get("inner") if isinstance(options, Mapping) else None
-    if inner is None:
-        return name
-    return f"{name}[{label(inner, (options or {}).get('inner_options'))}]"
+    if not isinstance(strategy, str):
+        return getattr(strategy, "__name__", "factory")
+    inner = wrapped(strategy, options) if options else None  # defaults: the name alone
+    return strategy if inner is None else f"{strategy}[{label(inner.inner, inner.inner_options)}]"
 
 
 def check(strategy, options: Mapping[str, Any] | None, modes: Iterable[str]) -> None:
@@ -208,12 +205,12 @@ def rows() -> list[Row]:
     """Every registered strategy with its default options, then each wrapper with each
     inner strategy it accepts (with the inner's defaults)."""
     plain = [Row(name, {}) for name in STRATEGIES.names()]
-    wrapped = []
+    inside = []
     for wrapper in wrappers():
         for row in plain:
             if wrapper.needs(capabilities(row.strategy)) is None:  # itself: never
-                wrapped.append(Row(wrapper.wrapper, {"inner": row.strategy}))
-    return plain + wrapped
+                inside.append(Row(wrapper.wrapper, {"inner": row.strategy}))
+    return plain + inside
 
 
 def cell(row: Row, column: Feature) -> str | None:

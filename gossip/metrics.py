@@ -117,7 +117,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: A complete (newline-terminated) line is not a JSON object.
+        ConfigError: A complete (newline-terminated) line is not a JSON object.
     """
     data = Path(path).read_bytes()
     lines = data.split(b"\n")
@@ -128,7 +128,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
             continue
         obj = _parse_line(raw)
         if obj is None:
-            raise ValueError(f"{path}:{number}: not a JSON object: {raw[:80]!r}")
+            raise ConfigError(f"{path}:{number}: not a JSON object: {raw[:80]!r}")
         records.append(obj)
     if tail.strip():
         obj = _parse_line(tail)
@@ -151,7 +151,7 @@ def last_record(path: str | Path, *, block: int = 4096) -> dict | None:
         The last record, or None if the file is missing or holds no complete record.
 
     Raises:
-        ValueError: The last complete line is not a JSON object.
+        ConfigError: The last complete line is not a JSON object.
     """
     try:
         f = open(path, "rb")
@@ -174,7 +174,7 @@ def last_record(path: str | Path, *, block: int = 4096) -> dict | None:
                 if raw.strip():
                     obj = _parse_line(raw)
                     if obj is None:
-                        raise ValueError(f"{path}: last line is not a JSON object: {raw[:80]!r}")
+                        raise ConfigError(f"{path}: last line is not a JSON object: {raw[:80]!r}")
                     return obj
             if start == 0:
                 return None

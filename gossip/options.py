@@ -10,6 +10,8 @@ is checked in one place, an error always names the option and what it may be, an
     class MatchaOptions(Options):
         budget: float = option(0.5, "communication budget in (0, 1]", check=in_unit_interval)
 
+A strategy that sends messages declares its options on ``TaggedOptions``, naming its tag
+and kinds with the class (``class RingOptions(TaggedOptions, tag="ring", kinds=("rs", "ag"))``).
 Wrappers nest their inner strategy's options (``NonBlockingOptions.inner_options``).
 """
 
@@ -82,6 +84,43 @@ class Options:
             rows.append({"option": spec.name, "default": default,
                          "doc": spec.metadata.get("doc", "")})
         return rows
+
+
+TAG_DOC = "its message kind (or their prefix), distinct per instance on one transport"
+
+
+@dataclass(frozen=True)
+class TaggedOptions(Options):
+    """Options of a strategy that sends messages: a ``tag`` option names them, so that two
+    instances on one transport (overlap's buckets, a wrapper's inner strategy) keep apart.
+
+    A subclass gives its default tag and the suffixes of its kinds with the class::
+
+        class RingOptions(TaggedOptions, tag="ring", kinds=("rs", "ag")): ...
+
+    ``kinds`` is then ``("ring.rs", "ring.ag")``; without ``kinds``, the tag alone. The
+    ``tag`` field follows the class's own fields (a base without a tag has none).
+    """
+
+    #: Suffixes of its message kinds after ``tag.`` (``""``: the tag itself).
+    kind_suffixes: ClassVar[tuple[str, ...]] = ("",)
+
+    def __init_subclass__(cls, *, tag: str | None = None, kinds: tuple[str, ...] | None = None,
+                          **kwargs):
+        super().__init_subclass__(**kwargs)
+        if tag is not None:  # declared here, before @dataclass reads the class's fields
+            if "__annotations__" not in cls.__dict__:
+                cls.__annotations__ = {}
+            cls.__annotations__["tag"] = str
+            cls.tag = option(tag, TAG_DOC)
+        if kinds is not None:
+            cls.kind_suffixes = tuple(kinds)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The message kinds these options name: ``tag``, or ``tag.suffix`` for each suffix."""
+        return tuple(f"{self.tag}.{suffix}" if suffix else self.tag
+                     for suffix in self.kind_suffixes)
 
 
 # -- checks shared by several strategies -----------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 from gossip import keys
 from gossip.device import HostStaging
-from gossip.errors import ConfigError, TransportBusy
+from gossip.errors import ConfigError, PeerNotOpen, TransportBusy
 from gossip.matrix import check, topology_modes
 from gossip.overlap import DEFAULT_BUCKET_MB
 from gossip.rendezvous import Rendezvous
@@ -171,7 +171,7 @@ class Peer:
         runs only this). Leaving the ``with`` block runs it too; nothing for strategies
         without server work."""
         if self.strategy is None:
-            raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+            raise PeerNotOpen("Peer is not open: use 'with gossip.Peer(...) as peer:'")
         with self.communicating():
             self.strategy.serve()
 
@@ -244,7 +244,7 @@ class Peer:
         of into a new tensor, which saves an allocation per round on large tensors.
         """
         if self.strategy is None:
-            raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+            raise PeerNotOpen("Peer is not open: use 'with gossip.Peer(...) as peer:'")
         with self.communicating():
             return self.on_host(tensor.detach(), lambda x, out: self.strategy.synchronize(
                 x, round, out=out), out=out)
@@ -291,7 +291,7 @@ class Peer:
                 parameters of several dtypes or devices.
         """
         if self.strategy is None:
-            raise RuntimeError("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+            raise PeerNotOpen("Peer is not open: use 'with gossip.Peer(...) as peer:'")
         self._stepper = self._stepper.attach(model, bucket_mb=bucket_mb,
                                              first_bucket_mb=first_bucket_mb)
 

@@ -23,7 +23,7 @@ class Registry(Generic[T]):
 
         def decorate(factory: Callable[..., T]) -> Callable[..., T]:
             if name in self._factories:
-                raise ValueError(f"{self.family} {name!r} is already registered")
+                raise ConfigError(f"{self.family} {name!r} is already registered")
             self._factories[name] = factory
             return factory
 

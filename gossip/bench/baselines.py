@@ -29,7 +29,8 @@ import torch.distributed as dist
 import zmq
 
 from gossip.bench.harness import format_table, run_ranks, summarize
-from gossip.netutil import free_ports
+from gossip.errors import ConfigError
+from gossip.ports import free_ports
 
 _HOST = "127.0.0.1"
 # Elements compared one by one in the gloo correctness check; the rest of the tensor
@@ -71,13 +72,13 @@ def gloo_allreduce_times(
         ``reps`` durations in seconds, each the maximum over ranks.
 
     Raises:
-        ValueError: On a non-floating ``dtype`` or non-positive sizes.
+        ConfigError: On a non-floating ``dtype`` or non-positive sizes.
         RuntimeError: If a rank fails (including a wrong all-reduce result) or the
             run times out.
     """
     _check_sizes(world, numel, reps, warmup)
     if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be floating point, got {dtype}")
+        raise ConfigError(f"dtype must be floating point, got {dtype}")
     (port,) = free_ports(1, _HOST)
     per_rank = run_ranks(
         _gloo_rank, world, port, numel, reps, warmup, dtype, timeout, timeout=timeout
@@ -207,7 +208,7 @@ def zmq_exchange_times(
         ``reps`` durations in seconds, each the maximum over ranks.
 
     Raises:
-        ValueError: On non-positive sizes or an invalid neighbour graph.
+        ConfigError: On non-positive sizes or an invalid neighbour graph.
         RuntimeError: If a rank fails or the run times out.
     """
     _check_sizes(world, numel, reps, warmup)
@@ -228,12 +229,12 @@ def _check_graph(graph: Sequence[tuple[int, ...]]) -> None:
     world = len(graph)
     for rank, nbrs in enumerate(graph):
         if len(set(nbrs)) != len(nbrs):
-            raise ValueError(f"rank {rank} lists a neighbour twice: {nbrs}")
+            raise ConfigError(f"rank {rank} lists a neighbour twice: {nbrs}")
         for nbr in nbrs:
             if not 0 <= nbr < world or nbr == rank:
-                raise ValueError(f"rank {rank} has invalid neighbour {nbr}")
+                raise ConfigError(f"rank {rank} has invalid neighbour {nbr}")
             if rank not in graph[nbr]:
-                raise ValueError(f"neighbour graph is not symmetric: {rank}->{nbr} only")
+                raise ConfigError(f"neighbour graph is not symmetric: {rank}->{nbr} only")
 
 
 def _zmq_rank(
@@ -301,7 +302,7 @@ def _zmq_rank(
 
 def _check_sizes(world: int, numel: int, reps: int, warmup: int) -> None:
     if world < 1 or numel < 1 or reps < 1 or warmup < 0:
-        raise ValueError(
+        raise ConfigError(
             f"need world, numel, reps >= 1 and warmup >= 0; got "
             f"world={world} numel={numel} reps={reps} warmup={warmup}"
         )

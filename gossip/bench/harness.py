@@ -21,6 +21,8 @@ from multiprocessing import get_context
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from gossip.errors import ConfigError
+
 #: Thread caps applied to every rank unless the caller overrides them. The benchmark
 #: machines have few cores shared by ``world`` processes; letting each rank start one
 #: OpenMP/MKL thread per core oversubscribes them and makes timings noisy.
@@ -56,14 +58,14 @@ def run_ranks(
         The ranks' return values, ordered by rank.
 
     Raises:
-        ValueError: If ``world < 1``.
+        ConfigError: If ``world < 1``.
         RuntimeError: If a rank raises (the message names the rank; its first line is
             the exception summary and the later lines carry the rank's traceback), a
             rank exits without reporting, or the timeout passes. The remaining ranks
             are terminated (killed after 2 s) before the error is raised.
     """
     if world < 1:
-        raise ValueError(f"world must be >= 1, got {world}")
+        raise ConfigError(f"world must be >= 1, got {world}")
     child_env = {**DEFAULT_ENV, **(env or {})}
     ctx = get_context("spawn")
     results_q = ctx.Queue()
@@ -230,10 +232,10 @@ def summarize(times: Sequence[float]) -> dict:
         ``{"median", "min", "max"}`` in seconds and ``"n"``, the number of samples.
 
     Raises:
-        ValueError: If ``times`` is empty.
+        ConfigError: If ``times`` is empty.
     """
     if not times:
-        raise ValueError("summarize() needs at least one time")
+        raise ConfigError("summarize() needs at least one time")
     return {
         "median": statistics.median(times),
         "min": min(times),

@@ -12,7 +12,7 @@ import torch
 
 from gossip.bench.baselines import max_over_ranks
 from gossip.bench.harness import run_ranks
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 
 _HOST = "127.0.0.1"
 

@@ -2,7 +2,7 @@
 
 Every peer samples its resident memory, open file descriptors, sockets and threads after a
 warm-up (when the allocator holds its peak of in-flight messages: see
-gossip/transport/memory.py) and again at the end. A leak shows as growth between the two.
+gossip/transport/malloc_tuning.py) and again at the end. A leak shows as growth between the two.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from multiprocessing import get_context
 import torch
 
 from gossip.bench.harness import format_table, run_ranks
-from gossip.netutil import free_ports
+from gossip.errors import ConfigError
+from gossip.ports import free_ports
 
 _HOST = "127.0.0.1"
 
@@ -40,7 +41,7 @@ def soak(peers: int, numel: int, rounds: int, *, warmup: int = 50, strategy: str
     """Per peer: usage after ``warmup`` rounds, half-way between that and the end, and after
     all ``rounds``, and seconds taken."""
     if rounds <= warmup:
-        raise ValueError(f"rounds ({rounds}) must exceed warmup ({warmup})")
+        raise ConfigError(f"rounds ({rounds}) must exceed warmup ({warmup})")
     ports = free_ports(peers, _HOST)
     barrier = get_context("spawn").Barrier(peers)
     return run_ranks(_rank, peers, strategy, ports, numel, rounds, warmup, barrier, timeout,
@@ -57,11 +58,11 @@ def _rank(rank, world, strategy, ports, numel, rounds, warmup, barrier, timeout)
     with Peer(rank, topology, strategy, timeout=timeout) as peer:
         barrier.wait(timeout)
         t0 = time.perf_counter()
-        for rnd in range(rounds):
-            peer.synchronize(x, rnd, out=x)
-            if rnd == warmup - 1:
+        for round in range(rounds):
+            peer.synchronize(x, round, out=x)
+            if round == warmup - 1:
                 start = process_usage()
-            if rnd == (warmup + rounds) // 2 - 1:
+            if round == (warmup + rounds) // 2 - 1:
                 mid = process_usage()
         seconds = time.perf_counter() - t0
         end = process_usage()

@@ -17,6 +17,7 @@ from collections import Counter
 
 import torch
 
+from gossip.errors import ConfigError
 from gossip.strategies import EXACT_MEAN, STRATEGIES
 from gossip.strategies.sparse.options import INDEX_CODINGS as CODINGS
 from gossip.strategies.sparse.timings import Timings
@@ -37,11 +38,11 @@ def contenders() -> list[str]:
 
 
 def parse_contender(name: str) -> tuple[str, str | None]:
-    """``"spardl:int32"`` -> ("spardl", "int32"); ValueError naming what exists."""
+    """``"spardl:int32"`` -> ("spardl", "int32"); ConfigError naming what exists."""
     strategy, _, coding = name.partition(":")
     known, sparse = contenders(), sparse_strategies()
     if strategy not in known or coding and (strategy not in sparse or coding not in CODINGS):
-        raise ValueError(f"unknown contender {name!r}: expected one of {', '.join(known)}, "
+        raise ConfigError(f"unknown contender {name!r}: expected one of {', '.join(known)}, "
                          f"a sparse one optionally with :{' or :'.join(CODINGS)}")
     return strategy, coding or None
 

@@ -277,7 +277,7 @@ def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key
     from gossip.launching.plan import launch_run
     from gossip.launching.processes import LaunchFailed, check_deaths
     from gossip.matrix import check_run
-    from gossip.netutil import free_ports
+    from gossip.ports import free_ports
     from gossip.topology import Topology
 
     config = _train_config(config_path, strategy_options, **flags)

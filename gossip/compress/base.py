@@ -170,7 +170,7 @@ def flatten(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a contiguous 1-D float tensor (a view when possible)."""
     if not isinstance(x, torch.Tensor) or x.dtype not in _FLOAT_NAMES:
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise TypeError(f"compress expects a float16/bfloat16/float32/float64 tensor, got {got}")
+        raise ConfigError(f"compress expects a float16/bfloat16/float32/float64 tensor, got {got}")
     return x.detach().reshape(-1).contiguous()
 
 

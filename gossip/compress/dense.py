@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from gossip.compress.base import Header
+from gossip.errors import ProtocolError
 
 
 def work_dtype(flat: torch.Tensor) -> torch.Tensor:
@@ -16,9 +17,9 @@ def work_dtype(flat: torch.Tensor) -> torch.Tensor:
 
 
 def finite(value: float, what: str) -> float:
-    """``value``, or ValueError if the input had inf/nan (the payload would be garbage)."""
+    """``value``, or ProtocolError if the input had inf/nan (the payload would be garbage)."""
     if not math.isfinite(value):
-        raise ValueError(f"cannot compress a tensor with non-finite values ({what} = {value})")
+        raise ProtocolError(f"cannot compress a tensor with non-finite values ({what} = {value})")
     return value
 
 

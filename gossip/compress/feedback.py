@@ -128,7 +128,7 @@ class MomentumCorrection(Wrapper):
 
 def _check_state(state: torch.Tensor, flat: torch.Tensor, key: str) -> None:
     if state.numel() != flat.numel() or state.dtype != flat.dtype:
-        raise ValueError(f"key {key!r} was compressed before as {state.numel()} "
+        raise ConfigError(f"key {key!r} was compressed before as {state.numel()} "
                          f"{state.dtype}, now {flat.numel()} {flat.dtype}")
 
 

@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from gossip.errors import ConfigError
 from gossip.metrics import read_jsonl
 
 
@@ -55,7 +56,7 @@ def summarize(out: Path, spec) -> dict[str, Any]:
                 try:
                     reps.setdefault(arm, {})[rep_dir.name] = measure(dirs, list(spec.jobs),
                                                                      spec.drop)
-                except (ValueError, KeyError, FileNotFoundError):
+                except (ConfigError, ValueError, KeyError, FileNotFoundError):
                     continue  # a failed repeat: left out
         alone = reps.get("sequential", {})
         rows = {}

@@ -129,7 +129,7 @@ def run_crossover(spec: CrossoverExperiment, out: Path, *, echo: Callable[[str],
 
 def _jobs(spec: CrossoverExperiment, point: Point) -> list[Job]:
     """The point's jobs on one ring each, on ports of their own."""
-    from gossip.netutil import free_ports
+    from gossip.ports import free_ports
     from gossip.topology import Topology
 
     ring = Topology.generate("ring", spec.peers)

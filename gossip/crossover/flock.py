@@ -16,7 +16,7 @@ from gossip.clock import REAL_TIME, Clock
 from gossip.crossover.base import DeviceLock, Hold
 from gossip.crossover.grants import GrantLog
 from gossip.crossover.rotation import Grant
-from gossip.errors import PeerTimeout
+from gossip.errors import ConfigError, PeerTimeout
 
 POLL_S = 0.001  # how often a waiter tries the lock again
 
@@ -84,7 +84,7 @@ class SlicedDevice(FlockDevice):
                  slice_s: float = 0.01, **kwargs):
         super().__init__(directory, device, job, rank, **kwargs)
         if not slice_s > 0:
-            raise ValueError(f"slice_s must be > 0, got {slice_s}")
+            raise ConfigError(f"slice_s must be > 0, got {slice_s}")
         self.slice_s = slice_s
         self._hold: Hold | None = None
         self._round = 0

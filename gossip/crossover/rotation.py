@@ -71,7 +71,7 @@ class Rotation:
 
     def __init__(self, device: str, *, patience_s: float = math.inf):
         if not patience_s >= 0:
-            raise ValueError(f"patience_s must be >= 0, got {patience_s}")
+            raise ConfigError(f"patience_s must be >= 0, got {patience_s}")
         self.device, self.patience_s = device, patience_s
         self.members: list[Member] = []  # active, sorted: the turn order
         self.waiting: dict[Member, Request] = {}

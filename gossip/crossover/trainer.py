@@ -46,25 +46,25 @@ class DeviceTrainer(Trainer):
         # inside Peer.step, before the exchange (closing a closed turn does nothing).
         self.optimizer.register_step_post_hook(lambda *_: self._turn.close())
 
-    def train_round(self, rnd: int) -> Record:
+    def train_round(self, round: int) -> Record:
         start_wall = self.clock.time()
         try:
-            record = super().train_round(rnd)
+            record = super().train_round(round)
         finally:
             self._turn.close()
         hold = self._hold
         return dataclasses.replace(record, device_wait_s=hold.wait_s,
                                    device_hold_s=hold.hold_s, round_start_wall=start_wall)
 
-    def compute(self, rnd: int) -> Work:
-        self._hold = self._turn.enter_context(self.device.compute(rnd))
-        return super().compute(rnd)
+    def compute(self, round: int) -> Work:
+        self._hold = self._turn.enter_context(self.device.compute(round))
+        return super().compute(round)
 
-    def synchronize(self, rnd: int, work: Work) -> float:
+    def synchronize(self, round: int, work: Work) -> float:
         # Gradients are averaged before the step, an attached model's step waits for its
         # communication thread, and a peer that computed nothing takes no step: the turn
         # ends before the step.
         if (self.config.overlap or not work.minibatches
-                or self.peer.strategy.round_plan(rnd).operates_on == "grads"):
+                or self.peer.strategy.round_plan(round).operates_on == "grads"):
             self._turn.close()
-        return super().synchronize(rnd, work)
+        return super().synchronize(round, work)

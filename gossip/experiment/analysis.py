@@ -56,6 +56,8 @@ class Curve:
 
 def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
     """Aggregate one run directory's ``peer-R.jsonl`` files."""
+    from gossip.strategies.wrapping import wrapped  # torch: not at the CLI's start
+
     config = _config(run_dir)
     files = sorted(run_dir.glob("peer-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
     peers = [read_jsonl(f) for f in files]
@@ -80,11 +82,10 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
     finished = sum(r.get("minibatches", train.get("minibatches", 1)) for row in rows for r in row)
     strategy = train.get("strategy", "?")
     options = train.get("options") or {}
-    inner, family_options = _inner(strategy, options)
-    wrapper = inner != strategy
+    wrapper = wrapped(strategy, options)
+    inner, family_options, own = wrapper or (strategy, options, {})
     family = inner + (json.dumps(family_options, sort_keys=True) if family_options else "")
-    own = {k: v for k, v in options.items() if k not in ("inner", "inner_options")}
-    family += json.dumps(own, sort_keys=True) if wrapper and own else ""  # local's period
+    family += json.dumps(own, sort_keys=True) if own else ""  # local's period
     family += f"@{config['netns']['rate']}" if config.get("netns") else ""
     family += json.dumps(train.get("delays"), sort_keys=True)  # other stragglers: another run
     avg = [r["avg_accuracy"] for row in rows for r in row[:1] if r.get("avg_accuracy") is not None]
@@ -92,7 +93,7 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
         name=run_dir.name,
         label=f"{strategy}({inner})" if wrapper else strategy,
         family=family,
-        nonblocking=wrapper,
+        nonblocking=wrapper is not None,
         rounds=np.arange(n),
         time=time,
         loss=_moving_average(raw, smooth),
@@ -102,17 +103,6 @@ def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
         avg_accuracy=avg[-1] if avg else None,
         minibatch_share=finished / planned if planned else 1.0,
     )
-
-
-def _inner(strategy: str, options: dict) -> tuple[str, dict]:
-    """The strategy that combines and its options: a wrapper's inner one (``inner``,
-    ``inner_options`` in its options), else the strategy itself."""
-    from gossip.strategies import STRATEGIES
-
-    if strategy in STRATEGIES and "inner" in STRATEGIES.entry(strategy).options.names():
-        default = STRATEGIES.options(strategy).inner
-        return options.get("inner", default), dict(options.get("inner_options") or {})
-    return strategy, options
 
 
 def _asynchronous(strategy: str | None, options: dict) -> bool:

@@ -13,7 +13,7 @@ from gossip.experiment.spec import Experiment, Run
 from gossip.launching.forkserver import Zygote
 from gossip.launching.processes import check_deaths
 from gossip.matrix import check_run
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 
 
 def check_runs(experiment: Experiment) -> None:

@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from gossip.errors import NetnsError
+
 #: What a peer imports before its first round (a failed import is skipped by the server),
 #: with the entry point's own module.
 PRELOAD = ["torch", "torch._dynamo", "torch.optim", "numpy", "zmq", "msgpack", "yaml",
@@ -114,6 +116,6 @@ def _enter_namespace(name: str) -> None:
     try:
         if libc.setns(fd, CLONE_NEWNET) != 0:
             errno = ctypes.get_errno()
-            raise OSError(errno, f"setns into network namespace {name}: {os.strerror(errno)}")
+            raise NetnsError(f"setns into network namespace {name}: {os.strerror(errno)}")
     finally:
         os.close(fd)

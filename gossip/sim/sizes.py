@@ -126,31 +126,31 @@ class _Replay:
             self._advance(dst)
 
     def _advance(self, rank: int) -> None:
-        rnd, arrived = self.round[rank], self.arrived[rank]
+        round, arrived = self.round[rank], self.arrived[rank]
         while True:
             step = self.step[rank]
             if step is None:  # the plan is done
-                self.round_end[rnd, rank] = self.scheduler.now
+                self.round_end[round, rank] = self.scheduler.now
                 self.bar.update()
-                self.round[rank] = rnd = rnd + 1
+                self.round[rank] = round = round + 1
                 self.steps[rank] = None
-                if rnd < self.rounds:
+                if round < self.rounds:
                     self._compute(rank)
                 return
             sends, recvs = step
             if not self.sent[rank]:
-                extra, send, counted = self._extra[rnd], self.links.send, self.bytes_sent
+                extra, send, counted = self._extra[round], self.links.send, self.bytes_sent
                 for dst, kind, nbytes in sends:
                     nbytes += extra
                     counted[kind] += nbytes
-                    send(rank, dst, nbytes, _Arrival(self, dst, (rnd, rank, kind)))
+                    send(rank, dst, nbytes, _Arrival(self, dst, (round, rank, kind)))
                 self.messages += len(sends)
                 self.sent[rank] = True
             for src, kind in recvs:
-                if (rnd, src, kind) not in arrived:
+                if (round, src, kind) not in arrived:
                     return  # woken again by the arrival it waits for
             for src, kind in recvs:
-                key = (rnd, src, kind)
+                key = (round, src, kind)
                 left = arrived[key] - 1
                 if left:
                     arrived[key] = left

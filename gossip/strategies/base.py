@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from gossip.errors import ConfigError, ProtocolError, RejoinError
-from gossip.options import Options
+from gossip.options import Options, TaggedOptions
 from gossip.strategies.registry import StrategyRegistry
 from gossip.transport import Message, Transport
 
@@ -19,7 +19,7 @@ STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
 CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer",
                 "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
-                "plans_rounds", "keeps_tensor", "serves_roles")
+                "plans_rounds", "keeps_tensor", "serves_roles", "wraps")
 #: The strategy a peer runs when none is named.
 DEFAULT = "dpsgd"
 #: An exact all-reduce mean over every peer (the consensus probe measures with it).
@@ -103,6 +103,11 @@ class Strategy(ABC):
     #: serves answers the workers in ``serve``. Others send to every neighbour each round,
     #: so a topology with roles is refused for them (gossip/matrix.py).
     serves_roles: ClassVar[bool] = False
+    #: It runs another registered strategy that does the combining, named by its options
+    #: (``inner``, ``inner_options``); its options class decides which it accepts
+    #: (``accepts_inner``) and most capabilities are the inner one's
+    #: (gossip/strategies/wrapping.py).
+    wraps: ClassVar[bool] = False
 
     def __init__(self, *, rank: int, topology, transport: Transport,
                  options: Options | None = None):
@@ -128,9 +133,13 @@ class Strategy(ABC):
         return None
 
     @property
-    @abstractmethod
     def kinds(self) -> tuple[str, ...]:
-        """Message kinds this strategy sends and expects."""
+        """Message kinds this strategy sends and expects: by default those its options name
+        (``TaggedOptions.kinds``); a strategy whose options carry no tag says its own."""
+        if not isinstance(self.options, TaggedOptions):
+            raise ConfigError(f"{type(self).__name__}: declare its options on TaggedOptions "
+                              f"or say its message kinds (kinds)")
+        return self.options.kinds
 
     @abstractmethod
     def synchronize(self, x: torch.Tensor, round: int, *,

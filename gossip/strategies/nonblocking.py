@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from gossip.errors import PeerTimeout
-from gossip.options import Options, option
+from gossip.options import TaggedOptions, option
 from gossip.strategies.base import EXACT_MEAN, STRATEGIES, Strategy
 from gossip.strategies.wrapping import inner_options, inner_refusal
 from gossip.transport import Message
@@ -37,7 +37,7 @@ _DRAIN_ROUNDS = 3
 
 
 @dataclass(frozen=True)
-class NonBlockingOptions(Options):
+class NonBlockingOptions(TaggedOptions, tag="nb", kinds=("stop",)):
     """Options of ``nonblocking``; ``inner_options`` become the inner strategy's own."""
 
     examples = ({"inner": EXACT_MEAN}, {"inner": "dpsgd"},
@@ -46,7 +46,6 @@ class NonBlockingOptions(Options):
     inner: str = option(EXACT_MEAN, "the strategy that combines: an exact all-reduce or a "
                                     "gossip (params) strategy")
     inner_options: Any = option(None, "the inner strategy's options, e.g. {budget: 0.5}")
-    tag: str = option("nb", "prefix of the STOP message kind, distinct per instance")
 
     def __post_init__(self):
         super().__post_init__()
@@ -69,6 +68,7 @@ class NonBlocking(Strategy):
 
     options_class = NonBlockingOptions
     stops_rounds_early = True
+    wraps = True
 
     def __init__(self, *, rank, topology, transport, options: NonBlockingOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
@@ -77,7 +77,7 @@ class NonBlocking(Strategy):
         # Capabilities are the inner strategy's (it does the combining); none can rejoin.
         for key, value in self.capabilities_for(self.options).items():
             setattr(self, key, value)
-        self.stop_kind = f"{self.options.tag}.stop"
+        (self.stop_kind,) = self.options.kinds
         self._stopped = -1  # latest round whose STOP we have seen (or sent)
         self._drained_at = -1  # the round that last drained late STOPs
 
@@ -85,11 +85,11 @@ class NonBlocking(Strategy):
     def capabilities_for(cls, options: NonBlockingOptions) -> dict[str, Any]:
         inner = STRATEGIES.strategy_class(options.inner, options.inner_options)
         return {**inner.capabilities_for(options.inner_options), "can_rejoin": False,
-                "stops_rounds_early": True}
+                "stops_rounds_early": True, "wraps": True}
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        return (*self.inner.kinds, self.stop_kind)
+        return (*self.inner.kinds, *self.options.kinds)
 
     # A dead peer: the inner strategy decides (gossip drops it, all-reduce stops), and STOPs
     # are no longer sent to it. A restarted peer cannot rejoin a running job (rejoin_round

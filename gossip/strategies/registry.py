@@ -46,7 +46,7 @@ class StrategyRegistry(Registry):
                               summary(target))
             else:
                 if options is None:
-                    raise TypeError(f"strategy {name!r}: a selector needs options=...")
+                    raise ConfigError(f"strategy {name!r}: a selector needs options=...")
                 entry = Entry(name, options, target, summary(target))
             super(StrategyRegistry, self).register(name)(entry)
             return target

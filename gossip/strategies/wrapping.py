@@ -5,11 +5,29 @@ the inner strategy's capabilities, never its name)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from gossip.errors import ConfigError
 from gossip.options import Options
 from gossip.strategies.base import STRATEGIES
+
+
+class Wrapped(NamedTuple):
+    """A wrapper's options as a run gives them (not parsed), split."""
+
+    inner: str  # the strategy that combines
+    inner_options: dict[str, Any]
+    own: dict[str, Any]  # the wrapper's own (local's period)
+
+
+def wrapped(strategy: str, options: Mapping[str, Any] | None = None) -> Wrapped | None:
+    """What a registered wrapper (capability ``wraps``) runs with ``options``; None for a
+    strategy that wraps none, or a name not registered here."""
+    if strategy not in STRATEGIES or not STRATEGIES.strategy_class(strategy).wraps:
+        return None
+    own = dict(options or {})
+    inner = own.pop("inner", STRATEGIES.options(strategy).inner)
+    return Wrapped(inner, dict(own.pop("inner_options", None) or {}), own)
 
 
 def inner_refusal(capabilities: Mapping[str, Any], *, asynchronous: bool) -> str | None:

@@ -41,11 +41,11 @@ class AsyncRunner:
         self.flat = _share_one_tensor(trainer.model)
         user_hook = trainer.on_minibatch
 
-        def between_minibatches(rnd: int, done: int) -> None:
+        def between_minibatches(round: int, done: int) -> None:
             with self.peer.communicating():
                 self.strategy.poll()
             if user_hook is not None:
-                user_hook(rnd, done)
+                user_hook(round, done)
 
         trainer.on_minibatch = between_minibatches
         period = trainer.config.snapshot_seconds
@@ -58,17 +58,17 @@ class AsyncRunner:
         trainer = self.trainer
         trainer.started = trainer.clock.monotonic()
         record, samples, membership = None, 0, self.peer.transport.membership
-        for rnd in range(trainer.first_round, trainer.config.rounds):
+        for round in range(trainer.first_round, trainer.config.rounds):
             if self.spent(samples):
                 break
             # Its messages carry no round: a neighbour lost from now on is dated by this step.
-            membership.round = max(membership.round, rnd)
+            membership.round = max(membership.round, round)
             before = self.peer.stats
-            work = trainer.compute(rnd)
-            comm_s = self.step(rnd, work.minibatches)
+            work = trainer.compute(round)
+            comm_s = self.step(round, work.minibatches)
             if self.snapshots is not None:
                 self.snapshots.maybe(self.flat, trainer.clock.time())
-            record = trainer.record(rnd, work, comm_s, before=before, after=self.peer.stats)
+            record = trainer.record(round, work, comm_s, before=before, after=self.peer.stats)
             samples += record.samples
             line = record.as_dict()
             if trainer.metrics is not None:
@@ -88,7 +88,7 @@ class AsyncRunner:
                     or (config.budget_seconds and trainer.clock.monotonic() - trainer.started
                         >= config.budget_seconds))
 
-    def step(self, rnd: int, minibatches: int) -> float:
+    def step(self, round: int, minibatches: int) -> float:
         """The optimizer's step on the mean gradient of ``minibatches`` mini-batches, then
         the strategy's exchange on the model in place; returns its seconds."""
         clock, optimizer = self.trainer.clock, self.trainer.optimizer
@@ -101,7 +101,7 @@ class AsyncRunner:
                             p.grad.mul_(1.0 / minibatches)
             optimizer.step()
         with torch.no_grad(), self.peer.communicating():
-            self.strategy.synchronize(self.flat, rnd, out=self.flat)
+            self.strategy.synchronize(self.flat, round, out=self.flat)
         return clock.monotonic() - start
 
 

@@ -129,11 +129,11 @@ def lines_before(first_round: int, history: list[Mapping[str, Any]], *,
     recorded = {old["round"]: old for old in history
                 if isinstance(old.get("round"), int) and old["round"] < first_round}
     out: list[Mapping[str, Any]] = []
-    for rnd in range(first_round):
-        if rnd in recorded:
-            out.append(recorded[rnd])
+    for round in range(first_round):
+        if round in recorded:
+            out.append(recorded[round])
         else:
-            out.append(Record.of_lost_work(rnd, previous=out[-1] if out else {},
+            out.append(Record.of_lost_work(round, previous=out[-1] if out else {},
                                            bytes_counted=bytes_counted, lost_peers=lost_peers,
                                            wall=wall).as_dict())
     return out

@@ -129,37 +129,37 @@ class Trainer:
         """Train the remaining rounds; returns the last one's record (None if none was left)."""
         self.started = self.clock.monotonic()  # a rejoin's wait is not training time
         record = None
-        for rnd in range(self.first_round, self.config.rounds):
-            record = self.train_round(rnd)
+        for round in range(self.first_round, self.config.rounds):
+            record = self.train_round(round)
             line = record.as_dict()
             if self.metrics is not None:
                 self.metrics.write(line)
             if self.on_round is not None:
                 self.on_round(line)
             if (self.checkpoint_path is not None and self.config.checkpoint_every
-                    and (rnd + 1) % self.config.checkpoint_every == 0):
+                    and (round + 1) % self.config.checkpoint_every == 0):
                 self.checkpoint(record)
         return record
 
-    def train_round(self, rnd: int) -> Record:
+    def train_round(self, round: int) -> Record:
         """Compute, synchronize, record, and probe when it is time to."""
         before, start = self.peer.stats, self.clock.monotonic()
-        work = self.compute(rnd)
-        comm_s = self.synchronize(rnd, work)
+        work = self.compute(round)
+        comm_s = self.synchronize(round, work)
         iter_s = self.clock.monotonic() - start
-        record = self.record(rnd, work, comm_s, before=before, after=self.peer.stats)
+        record = self.record(round, work, comm_s, before=before, after=self.peer.stats)
         overlap = self.peer.overlap_metrics()
         if overlap is not None:
             record = dataclasses.replace(record, iter_s=iter_s, **overlap)
-        record = dataclasses.replace(record, **self.peer.strategy.record_fields(rnd))
-        if rnd % self.config.eval_every == 0 or rnd == self.config.rounds - 1:
-            consensus, avg_accuracy = self.probe(rnd)
+        record = dataclasses.replace(record, **self.peer.strategy.record_fields(round))
+        if round % self.config.eval_every == 0 or round == self.config.rounds - 1:
+            consensus, avg_accuracy = self.probe(round)
             record = dataclasses.replace(record, consensus=consensus, avg_accuracy=avg_accuracy)
         return record
 
     # -- the phases ------------------------------------------------------------------------
 
-    def compute(self, rnd: int) -> Work:
+    def compute(self, round: int) -> Work:
         """Up to ``config.minibatches`` mini-batches, their gradients summed in ``.grad``,
         each followed by the delay ``config.delays`` injects for this rank; fewer when the
         strategy asks to stop (blocking strategies never do; ``nonblocking`` does once some
@@ -171,7 +171,7 @@ class Trainer:
         done, loss_sum, slept = 0, 0.0, 0.0
         for i in range(self.config.minibatches):
             # Checked only between mini-batches: a backward pass cannot be interrupted.
-            if self.peer.stop_requested(rnd):
+            if self.peer.stop_requested(round):
                 break
             x, y = self.batches.next()
             c0 = clock.monotonic()
@@ -183,18 +183,18 @@ class Trainer:
             done += 1
             loss_sum += loss.item()
             if self.on_minibatch is not None:
-                self.on_minibatch(rnd, done)
+                self.on_minibatch(round, done)
         if done == self.config.minibatches:
-            self.peer.computed_all(rnd)
+            self.peer.computed_all(round)
         return Work(done, loss_sum, slept, clock.monotonic() - start)
 
-    def synchronize(self, rnd: int, work: Work) -> float:
-        """The synchronized step of round ``rnd`` (``Peer.step``); returns its seconds."""
+    def synchronize(self, round: int, work: Work) -> float:
+        """The synchronized step of round ``round`` (``Peer.step``); returns its seconds."""
         start = self.clock.monotonic()
         self.peer.step(self.model, self.optimizer, minibatches=work.minibatches)
         return self.clock.monotonic() - start
 
-    def record(self, rnd: int, work: Work, comm_s: float, *, before: Mapping[str, Any],
+    def record(self, round: int, work: Work, comm_s: float, *, before: Mapping[str, Any],
                after: Mapping[str, Any]) -> Record:
         """The round's record, with this peer's test accuracy; ``before`` and ``after`` are
         ``Peer.stats`` at the start of the round and after its step."""
@@ -203,18 +203,18 @@ class Trainer:
         _, accuracy = evaluate(self.model, self.task.test, self.task.loss_fn)
         done = work.minibatches
         return Record(
-            round=rnd, time=self.clock.monotonic() - self.started, wall=self.clock.time(),
+            round=round, time=self.clock.monotonic() - self.started, wall=self.clock.time(),
             loss=work.loss_sum / done if done else math.nan, accuracy=accuracy,
             bytes_sent=sent, bytes_recv=received, compute_s=work.seconds,
             delay_s=work.delay_s, comm_s=comm_s, wait_s=after["wait_s"] - before["wait_s"],
             minibatches=done, samples=done * self.per_minibatch,
             lost_peers=self.peer.lost_peers,
-            resumed_from=self.resumed_from if rnd == self.first_round else None)
+            resumed_from=self.resumed_from if round == self.first_round else None)
 
-    def probe(self, rnd: int) -> tuple[float | None, float | None]:
+    def probe(self, round: int) -> tuple[float | None, float | None]:
         """The consensus distance and the average model's accuracy (None, None when a peer
         is lost: see ``ConsensusProbe``)."""
-        return self.consensus.measure(self.model, rnd)
+        return self.consensus.measure(self.model, round)
 
     def checkpoint(self, record: Record) -> None:
         """Write this peer's state after the round of ``record``: model, optimizer, strategy

@@ -120,13 +120,14 @@ def decode(
     check_kind(kind)
     if kinds is not None and kind not in kinds:
         raise ProtocolError(f"unexpected message kind {kind!r}")
-    rnd, src, meta = header.get("round"), header.get("src"), header.get("meta")
-    if not _is_int(rnd) or not _is_int(src) or src < 0:
-        raise ProtocolError(f"bad round/src in header: round={rnd!r} src={src!r}")
+    round, src, meta = header.get("round"), header.get("src"), header.get("meta")
+    if not _is_int(round) or not _is_int(src) or src < 0:
+        raise ProtocolError(f"bad round/src in header: round={round!r} src={src!r}")
     if peers is not None and src >= peers:
-        raise ProtocolError(f"{kind} round {rnd}: src {src} is not a peer (ranks 0..{peers - 1})")
+        raise ProtocolError(f"{kind} round {round}: src {src} is not a peer "
+                            f"(ranks 0..{peers - 1})")
     if sender is not None and src != sender:
-        raise ProtocolError(f"{kind} round {rnd} claims to come from peer {src} but was sent "
+        raise ProtocolError(f"{kind} round {round} claims to come from peer {src} but was sent "
                             f"with peer {sender}'s key")
     if not isinstance(meta, dict):
         raise ProtocolError("header meta is not a map")
@@ -154,9 +155,9 @@ def decode(
     if finite and kind not in finite_exempt:
         for i, tensor in enumerate(buffers):
             if has_nonfinite(tensor):
-                raise ProtocolError(f"{kind} round {rnd} from peer {src}: tensor {i} "
+                raise ProtocolError(f"{kind} round {round} from peer {src}: tensor {i} "
                                     f"({_DTYPE_NAMES[tensor.dtype]}) holds NaN or Inf")
-    return Message(kind=kind, round=rnd, src=src, meta=meta, buffers=tuple(buffers),
+    return Message(kind=kind, round=round, src=src, meta=meta, buffers=tuple(buffers),
                    wire=tuple(wire))
 
 

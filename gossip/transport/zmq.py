@@ -22,7 +22,7 @@ from gossip.transport import codec, shm
 from gossip.transport.auth import ZapHandler
 from gossip.transport.base import BYE, Transport
 from gossip.transport.endpoints import Endpoints, bind_address, is_ipv6
-from gossip.transport.memory import keep_freed_buffers
+from gossip.transport.malloc_tuning import keep_freed_buffers
 from gossip.transport.message import Message
 from gossip.transport.monitor import ConnectionWatch, LinkWatch
 from gossip.transport.shm_segments import is_envelope

@@ -19,6 +19,7 @@ from gossip.overlap import plan_buckets, refusal
 from gossip.overlap.buckets import MIB
 from gossip.peer import Peer
 from gossip.strategies import STRATEGIES
+from gossip.options import TaggedOptions
 from gossip.transport import LoopbackHub
 from support import assert_same
 
@@ -51,13 +52,13 @@ def rounds(run_peers, topology, name: str, options: dict, inputs: list[list[torc
         with Peer(rank, topology, name, timeout=TIMEOUT, transport=transport,
                   **options) as peer:
             bound.wait()
-            for rnd, row in enumerate(inputs):
+            for round, row in enumerate(inputs):
                 x = row[rank].clone()
-                y = peer.synchronize(x, rnd, out=x if inplace else None)
+                y = peer.synchronize(x, round, out=x if inplace else None)
                 assert y.shape == x.shape and y.dtype == x.dtype
                 if inplace:
                     assert y.data_ptr() == x.data_ptr(), "out=x did not write in place"
-                results[rnd][rank] = y.clone()
+                results[round][rank] = y.clone()
             strategies[rank] = peer.strategy
 
     run_peers(size, main, timeout=6 * TIMEOUT)
@@ -72,14 +73,14 @@ def data(size: int, numel: int, dtype: torch.dtype, n_rounds: int, seed: int = 0
 
 def check_capabilities(strategy, inputs, results, dtype) -> None:
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
-    for rnd, (row, out) in enumerate(zip(inputs, results)):
-        assert all(torch.isfinite(y).all() for y in out), f"round {rnd}: not finite"
+    for round, (row, out) in enumerate(zip(inputs, results)):
+        assert all(torch.isfinite(y).all() for y in out), f"round {round}: not finite"
         if strategy.exact_mean:
             mean = torch.stack(row).double().mean(0).to(dtype)
             for y in out:
                 torch.testing.assert_close(y, mean, **tolerance)
                 assert torch.equal(y, out[0]), "peers disagree on the mean"
-        if strategy.preserves_mean and rnd == 0:  # later rounds mix the results, not inputs
+        if strategy.preserves_mean and round == 0:  # later rounds mix the results, not inputs
             torch.testing.assert_close(torch.stack(out).double().mean(0),
                                        torch.stack(row).double().mean(0), **tolerance)
 
@@ -121,8 +122,8 @@ def test_mismatched_lengths_are_a_clear_error_not_a_hang(name, options, local_to
     def main(rank: int) -> None:
         try:
             with Peer(rank, topology, name, timeout=1.0, **options) as peer:
-                for rnd in range(3):  # a gossip edge may be idle in one round
-                    peer.synchronize(torch.ones(7 if rank == 0 else 8), rnd)
+                for round in range(3):  # a gossip edge may be idle in one round
+                    peer.synchronize(torch.ones(7 if rank == 0 else 8), round)
             outcomes[rank] = "finished"
         except (ProtocolError, ConfigError, PeerTimeout) as exc:
             outcomes[rank] = exc
@@ -151,6 +152,15 @@ def test_every_strategy_documents_its_options_and_capabilities():
         assert row["doc"], f"{row['name']} has no docstring"
         assert all(o["doc"] for o in row["options"]), f"{row['name']}: an option without doc"
         assert row["capabilities"]["operates_on"] in ("grads", "params"), row
+
+
+def test_every_strategy_names_its_messages_by_its_tag():
+    """A tag per instance keeps two on one transport apart (overlap's buckets retag)."""
+    for name in STRATEGIES.names():
+        options = STRATEGIES.options(name, {})
+        assert isinstance(options, TaggedOptions), name
+        assert options.kinds and all(kind == options.tag or kind.startswith(options.tag + ".")
+                                     for kind in options.kinds), (name, options.kinds)
 
 
 # -- under overlap (Peer.attach): buckets during backward ---------------------------------

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 ORACLE = textwrap.dedent("""
     import threading, numpy as np, torch, gossip, ring_mean_example
-    from gossip.netutil import free_ports
+    from gossip.ports import free_ports
     size, w = 5, 0.5
     topology = gossip.Topology.ring(size).relocated(ports=free_ports(size))
     x0 = torch.randn(size, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -25,8 +25,8 @@ ORACLE = textwrap.dedent("""
     def peer(rank):
         with gossip.Peer(rank, topology, "ring-mean", timeout=10, weight=w) as p:
             x = x0[rank].clone()
-            for rnd in range(3):
-                x = p.synchronize(x, rnd, out=x)
+            for round in range(3):
+                x = p.synchronize(x, round, out=x)
             out[rank] = x
     threads = [threading.Thread(target=peer, args=(r,)) for r in range(size)]
     for t in threads: t.start()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gossip.metrics import read_jsonl
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 
 REQUIRED_FIELDS = {"round", "time", "loss", "accuracy", "bytes_sent", "bytes_recv", "compute_s",
                    "comm_s", "wait_s"}

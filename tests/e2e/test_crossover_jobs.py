@@ -16,7 +16,7 @@ from gossip.config import TrainConfig
 from gossip.crossover.grants import overlaps, read_grants, turn_breaks
 from gossip.crossover.jobs import Job, arbiter_process, launch_jobs
 from gossip.metrics import read_jsonl
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.topology import Topology
 
 TRAIN = {"strategy": "dpsgd", "rounds": 3, "batch_size": 8, "eval_every": 100,

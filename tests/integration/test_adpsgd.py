@@ -41,11 +41,11 @@ def test_many_exchanges_with_delays_conserve_the_sum_and_get_one_reply_each(loca
         x = x0[rank].clone()
         with peer_once_all_bound(rank, topology, "adpsgd", all_bound, hub=hub,
                                  seed=rank) as peer:
-            rnd = 0
+            round = 0
             while peer.strategy.exchanges < each:
-                x = peer.synchronize(x, rnd, out=x)
+                x = peer.synchronize(x, round, out=x)
                 time.sleep(delays.random() * 0.0005)  # injected delay: up to 0.5 ms a step
-                rnd += 1
+                round += 1
         final[rank], strategies[rank], stats[rank] = x, peer.strategy, peer.stats
 
     run_in_threads(size, main, timeout=60)
@@ -78,9 +78,9 @@ def test_staged_through_host_memory_no_exchange_move_is_lost(local_topology, mon
         x = x0[rank].clone()
         with peer_once_all_bound(rank, topology, "adpsgd", all_bound, hub=hub,
                                  seed=rank) as peer:
-            for rnd in range(calls):
+            for round in range(calls):
                 x.add_(0.001 * (rank + 1))  # the caller's own step between calls
-                x = peer.synchronize(x, rnd, out=x)
+                x = peer.synchronize(x, round, out=x)
                 peer.strategy.poll()  # exchanges applied between calls (as between batches)
                 time.sleep(0.0005)
             staged[rank] = peer.strategy.exchanges + peer.strategy.answered
@@ -138,21 +138,21 @@ def test_a_dead_neighbour_is_skipped(local_topology):
         try:
             with peer_once_all_bound(rank, topology, "adpsgd", all_bound, dead_after=0.3,
                                      timeout=10) as peer:
-                for rnd in range(5):
-                    peer.synchronize(x, rnd, out=x)
+                for round in range(5):
+                    peer.synchronize(x, round, out=x)
                     time.sleep(0.002)
                 if rank == 2:
                     raise RuntimeError("killed")  # the error path: no goodbye, linger 0
                 deadline = time.monotonic() + 5
-                rnd = 5
+                round = 5
                 while 2 not in peer.transport.membership.firsthand():
                     assert time.monotonic() < deadline, "rank 2 never declared dead"
-                    peer.synchronize(x, rnd, out=x)
+                    peer.synchronize(x, round, out=x)
                     time.sleep(0.01)
-                    rnd += 1
+                    round += 1
                 before = peer.strategy.exchanges
-                for rnd in range(rnd, rnd + 20):
-                    peer.synchronize(x, rnd, out=x)
+                for round in range(round, round + 20):
+                    peer.synchronize(x, round, out=x)
                     time.sleep(0.002)
                     assert peer.strategy.outstanding is None or \
                         peer.strategy.outstanding[0] != 2
@@ -252,10 +252,10 @@ def test_a_neighbour_computing_longer_than_the_timeout_is_waited_for(local_topol
         x = x0[rank].clone()
         with peer_once_all_bound(rank, topology, "adpsgd", all_bound, bipartite=bipartite,
                                  timeout=0.3, dead_after=5.0) as peer:
-            for rnd in range(3):
+            for round in range(3):
                 if rank == slow:
                     time.sleep(0.6)  # computing: no message leaves this peer meanwhile
-                peer.synchronize(x, rnd, out=x)
+                peer.synchronize(x, round, out=x)
         final[rank], lost[rank] = x, dict(peer.transport.membership.lost)
 
     run_in_threads(size, main, timeout=60)
@@ -281,8 +281,8 @@ def test_a_peer_that_takes_no_step_leaves_without_stalling_its_neighbours(local_
             if rank == 2:
                 return
             left.wait(10)
-            for rnd in range(5):
-                peer.synchronize(x, rnd, out=x)
+            for round in range(5):
+                peer.synchronize(x, round, out=x)
         lost[rank], exchanges[rank] = (dict(peer.transport.membership.lost),
                                        peer.strategy.exchanges)
 
@@ -317,8 +317,8 @@ def test_a_peer_that_leaves_before_its_neighbours_start_still_tells_them(local_t
                 left.set()
                 return
             x = torch.full((4,), float(rank), dtype=torch.float64)
-            for rnd in range(3):
-                peer.synchronize(x, rnd, out=x)
+            for round in range(3):
+                peer.synchronize(x, round, out=x)
         lost[rank] = dict(peer.transport.membership.lost)
 
     run_in_threads(size, main, timeout=60)

@@ -9,8 +9,8 @@ import torch
 from gossip.compress import create
 from gossip.errors import ConfigError
 from gossip.peer import Peer
-from gossip.strategies.gossip import ChocoGossip, DPSGDOptions
-from gossip.strategies.gossip.compression import default_gamma
+from gossip.strategies.dpsgd import ChocoGossip, DPSGDOptions
+from gossip.strategies.dpsgd.compression import default_gamma
 from gossip.transport import LoopbackHub
 
 
@@ -32,8 +32,8 @@ def test_identity_compressor_with_gamma_one_is_exact_gossip(run_peers, local_top
         strategy = ChocoGossip(rank=rank, topology=topology, transport=hub.transport(rank),
                                options=DPSGDOptions(compressor=create("none"), gamma=1.0))
         x = x0[rank].clone()
-        for rnd in range(4):
-            x = strategy.synchronize(x, rnd)
+        for round in range(4):
+            x = strategy.synchronize(x, round)
         final[rank] = x
 
     run_peers(7, peer_main)

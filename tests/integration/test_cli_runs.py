@@ -49,10 +49,10 @@ def test_a_peer_failing_fails_the_simulated_run(tmp_path, monkeypatch, tolerate,
 
     compute = Trainer.compute
 
-    def failing(self, rnd):
-        if self.peer.rank == 3 and rnd == 2:
+    def failing(self, round):
+        if self.peer.rank == 3 and round == 2:
             raise RuntimeError("injected by the test, not by the run")
-        return compute(self, rnd)
+        return compute(self, round)
 
     monkeypatch.setattr(Trainer, "compute", failing)
     result = simulate(tmp_path, "--peers", "5", "--strategy", "dpsgd", "--rounds", "6",

@@ -81,12 +81,12 @@ def test_randomk_averages_the_same_entries_on_every_peer(size, local_topology, r
     run = run_rounds(topology, "ring-allreduce", data, inplace=True, compressor="randomk",
                      density=0.1)
     mean = oracle.mean(data)
-    for rnd in range(3):
-        kept = run.results[rnd, 0] != 0
+    for round in range(3):
+        kept = run.results[round, 0] != 0
         assert kept.sum() == 101
         for rank in range(size):
-            assert torch.equal(run.results[rnd, rank], run.results[rnd, 0])
-        torch.testing.assert_close(run.results[rnd, 0][kept], mean[rnd][kept])
+            assert torch.equal(run.results[round, rank], run.results[round, 0])
+        torch.testing.assert_close(run.results[round, 0][kept], mean[round][kept])
     assert not torch.equal(run.results[0, 0] != 0, run.results[1, 0] != 0), "same entries"
 
 

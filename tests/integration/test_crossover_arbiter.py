@@ -41,9 +41,9 @@ def test_two_jobs_alternate_through_the_arbiter(tmp_path):
     with running_arbiter(tmp_path) as server:
         with ArbiterClient(server.address, "d0", "a", 0, timeout=5) as a, \
                 ArbiterClient(server.address, "d0", "b", 0, timeout=5) as b:
-            for rnd in range(3):
+            for round in range(3):
                 for lock in (a, b):
-                    with lock.compute(rnd) as hold:
+                    with lock.compute(round) as hold:
                         lock.sleep(0.01)
                     assert hold.hold_s >= 0.01
             with a.compute(3):  # b's turn is next: b waits while a holds
@@ -130,8 +130,8 @@ def test_ranks_of_one_job_sharing_a_device_are_served_in_turn(tmp_path):
     def rank_main(server, rank):
         try:
             with ArbiterClient(server.address, "gpu0", "solo", rank, timeout=20) as lock:
-                for rnd in range(3):
-                    with lock.compute(rnd):
+                for round in range(3):
+                    with lock.compute(round):
                         lock.sleep(0.005)
         except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
@@ -259,9 +259,9 @@ def test_jobs_go_on_through_an_arbiter_restarted_at_the_same_address(tmp_path):
                 with lock.compute(0):
                     pass
         with running_arbiter(tmp_path):  # the same path, a new process's state
-            for rnd in (1, 2):
+            for round in (1, 2):
                 for lock in (a, b):
-                    with lock.compute(rnd):
+                    with lock.compute(round):
                         pass
     grants = read_grants(tmp_path / "grants.jsonl")
     assert [(g["job"], g["round"]) for g in grants] == [("a", 0), ("b", 0), ("a", 1),

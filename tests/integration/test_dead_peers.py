@@ -60,14 +60,14 @@ def run_with_victim(run_peers, topology, strategy, *, x0, rounds, victim, dies_b
                                      dead_after=DEAD_AFTER, **options) as peer:
                 peers[rank] = peer
                 x = x0[rank].clone()
-                for rnd in range(rounds):
-                    if rnd == dies_before:
+                for round in range(rounds):
+                    if round == dies_before:
                         before_death.wait()
                         if rank == victim:
                             died_at.append(time.monotonic())
                             peer.transport.close()  # no goodbye, every socket closed
                             raise Killed
-                    x = peer.synchronize(x, rnd)
+                    x = peer.synchronize(x, round)
                     results.append(x.clone())
         except Killed:
             return None
@@ -289,8 +289,8 @@ def test_a_peer_that_takes_no_step_is_dropped_at_its_goodbye_not_judged_dead(loc
                     return None
                 assert left.wait(TIMEOUT)
                 x, results = x0[rank].clone(), []
-                for rnd in range(rounds):
-                    x = peer.synchronize(x, rnd)
+                for round in range(rounds):
+                    x = peer.synchronize(x, round)
                     results.append(x)
         finally:
             if rank == victim:

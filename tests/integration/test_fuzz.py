@@ -38,9 +38,9 @@ MAX_MESSAGE_BYTES = 1 << 20
 HYPOTHESIS_BATCH = 40
 
 
-def value(rnd: int, rank: int) -> torch.Tensor:
-    """What ``rank`` gossips in round ``rnd``: exact in float32, distinct per round and rank."""
-    return torch.arange(N, dtype=torch.float32) * (rank + 1) + rnd
+def value(round: int, rank: int) -> torch.Tensor:
+    """What ``rank`` gossips in round ``round``: exact in float32, distinct per round and rank."""
+    return torch.arange(N, dtype=torch.float32) * (rank + 1) + round
 
 
 class LiveCluster:
@@ -71,13 +71,13 @@ class LiveCluster:
             with Peer(rank, self.topology, "dpsgd", timeout=20.0, transport=transport) as peer:
                 self._bound.wait()
                 weights = self.topology.mixing_matrix()
-                rnd = 0
-                while rnd < self.limit:
-                    got = peer.synchronize(value(rnd, rank), rnd)
-                    want = weights[rank, 0] * value(rnd, 0) + weights[rank, 1] * value(rnd, 1)
+                round = 0
+                while round < self.limit:
+                    got = peer.synchronize(value(round, rank), round)
+                    want = weights[rank, 0] * value(round, 0) + weights[rank, 1] * value(round, 1)
                     torch.testing.assert_close(got, want, rtol=0, atol=0)
-                    rnd += 1
-                    self.done[rank] = rnd
+                    round += 1
+                    self.done[rank] = round
             self.stats[rank] = peer.stats
         except BaseException as exc:  # noqa: BLE001 - reported by check()
             self.errors.append(exc)
@@ -417,18 +417,18 @@ def test_nan_from_a_neighbour_never_reaches_the_model(local_topology, run_peers)
     sock = ctx.socket(zmq.PUSH)
     sock.linger = 0
     sock.connect(topology.address(0))
-    for rnd in range(rounds):  # queued before rank 0 exists, so they come first
-        header, _ = valid(random.Random(rnd))
-        poison = torch.full((N,), math.nan if rnd % 2 else math.inf)
-        sock.send_multipart(pack({**header, "round": rnd},
+    for round in range(rounds):  # queued before rank 0 exists, so they come first
+        header, _ = valid(random.Random(round))
+        poison = torch.full((N,), math.nan if round % 2 else math.inf)
+        sock.send_multipart(pack({**header, "round": round},
                                  [poison.view(torch.uint8).numpy().tobytes()]))
 
     def peer_main(rank: int) -> None:
         with peer_once_all_bound(rank, topology, "dpsgd", ready, timeout=10.0) as peer:
             if rank == 0:  # the stranger reconnects: its poison streams in ahead of round 0's
                 wait_connected(sock, 10.0, "the stranger to reach rank 0")
-            for rnd in range(rounds):
-                results[rnd, rank] = peer.synchronize(value(rnd, rank), rnd)
+            for round in range(rounds):
+                results[round, rank] = peer.synchronize(value(round, rank), round)
             if rank == 0:  # read whatever poison is left, for an exact count
                 read_until(peer.transport, lambda: peer.transport.stats.messages_rejected
                            >= rounds, "rank 0 to reject all the stranger's poison")
@@ -439,9 +439,9 @@ def test_nan_from_a_neighbour_never_reaches_the_model(local_topology, run_peers)
     finally:
         ctx.destroy(linger=0)
     assert torch.isfinite(results).all()
-    for rnd in range(rounds):
-        want = weights[0, 0] * value(rnd, 0) + weights[0, 1] * value(rnd, 1)
-        assert torch.equal(results[rnd, 0], want.float())
+    for round in range(rounds):
+        want = weights[0, 0] * value(round, 0) + weights[0, 1] * value(round, 1)
+        assert torch.equal(results[round, 0], want.float())
     assert rejected == [rounds, 0]
 
 

@@ -15,7 +15,7 @@ import torch
 import zmq
 
 from gossip.errors import PeerTimeout
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.topology import Topology
 from gossip.transport import ZmqTransport
@@ -64,8 +64,8 @@ def test_a_rejected_control_message_changes_nothing(run_peers):
                 with contextlib.suppress(PeerTimeout):  # reads; a neighbour's message is kept
                     peer.transport.recv(kind="gossip", round=-1, timeout=0.05)
             x = torch.full((5,), float(rank))
-            for rnd in range(3):
-                peer.synchronize(x, rnd, out=x)
+            for round in range(3):
+                peer.synchronize(x, round, out=x)
             start = time.monotonic()
         closing[rank] = time.monotonic() - start
         return peer

@@ -51,11 +51,11 @@ def _sync_rounds(topology, rounds: int, sizes: dict, *, dim: int = 7, **options)
             before = peer.stats["bytes_sent"]
             ref.synchronize(torch.ones(dim, dtype=torch.float64), 0)
             sizes[rank] = peer.stats["bytes_sent"] - before
-            for rnd in range(rounds):
+            for round in range(rounds):
                 before = peer.stats["bytes_sent"]
-                x = torch.arange(dim, dtype=torch.float64) * (rank + 1) + rnd
-                results[rnd][rank] = peer.synchronize(x, rnd)
-                sent[rank][rnd] = peer.stats["bytes_sent"] - before
+                x = torch.arange(dim, dtype=torch.float64) * (rank + 1) + round
+                results[round][rank] = peer.synchronize(x, round)
+                sent[rank][round] = peer.stats["bytes_sent"] - before
 
     run_in_threads(size, main, timeout=3 * TIMEOUT)
     return results, sent
@@ -67,26 +67,27 @@ def test_bytes_grow_only_in_averaging_rounds_and_peers_agree_bitwise_after(local
     results, sent = _sync_rounds(topology, 7, ring_bytes, period=3, warmup_rounds=1)
     averaging = {0, 3, 6}  # the warm-up round, then every third
     for rank in range(5):
-        for rnd in range(7):
-            assert sent[rank][rnd] == (ring_bytes[rank] if rnd in averaging else 0), (rank, rnd)
-    for rnd in range(7):
-        row = results[rnd]
-        if rnd in averaging:
-            assert all(torch.equal(y, row[0]) for y in row), rnd
-            mean = torch.stack([torch.arange(7.0, dtype=torch.float64) * (r + 1) + rnd
+        for round in range(7):
+            expected = ring_bytes[rank] if round in averaging else 0
+            assert sent[rank][round] == expected, (rank, round)
+    for round in range(7):
+        row = results[round]
+        if round in averaging:
+            assert all(torch.equal(y, row[0]) for y in row), round
+            mean = torch.stack([torch.arange(7.0, dtype=torch.float64) * (r + 1) + round
                                 for r in range(5)]).mean(0)
             torch.testing.assert_close(row[0], mean)
         else:
             for rank, y in enumerate(row):
-                assert torch.equal(y, torch.arange(7.0, dtype=torch.float64) * (rank + 1) + rnd)
+                assert torch.equal(y, torch.arange(7.0, dtype=torch.float64) * (rank + 1) + round)
 
 
 def test_hierarchical_groups_equal_their_group_mean_bitwise(local_topology):
     topology = local_topology("ring", 5)
     groups = [[0, 2, 4], [1, 3]]
     results, sent = _sync_rounds(topology, 4, {}, period=4, group_period=2, groups=groups)
-    inputs = [[torch.arange(7, dtype=torch.float64) * (r + 1) + rnd for r in range(5)]
-              for rnd in range(4)]
+    inputs = [[torch.arange(7, dtype=torch.float64) * (r + 1) + round for r in range(5)]
+              for round in range(4)]
     for group in groups:  # round 1: a group round; the oracle sums in rank order too
         total = inputs[1][group[0]].clone()
         for r in group[1:]:

@@ -14,7 +14,7 @@ import torch
 import zmq
 
 from gossip.errors import GossipError, PeerTimeout
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.transport import Message, ZmqTransport
 from gossip.transport.waits import PROBE
 from support import run_in_threads

@@ -39,8 +39,8 @@ def test_identity_compressor_with_gamma_one_is_exact_matcha(kind, n, params, run
                                options=MatchaOptions(compressor=create("none"), gamma=1.0,
                                                      seed=5))
         x = x0[rank].clone()
-        for rnd in range(12):
-            x = strategy.synchronize(x, rnd, out=x)
+        for round in range(12):
+            x = strategy.synchronize(x, round, out=x)
         final[rank] = x
 
     run_peers(topology.size, peer_main)

@@ -21,7 +21,7 @@ from gossip.config import TrainConfig
 from gossip.crossover.local import LocalArbiter
 from gossip.crossover.trainer import DeviceTrainer
 from gossip.errors import ConfigError
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.rendezvous import Rendezvous
 from gossip.sim import simulate_run

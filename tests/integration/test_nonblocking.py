@@ -49,7 +49,7 @@ def train_peers(topology, open_peer, run_peers, config: TrainConfig, *, lockstep
         model = copy.deepcopy(initial)
         with open_peer(rank, topology, config.strategy, **config.options) as peer:
             train(peer, config, model=model, on_round=lambda r: on_round(rank, r),
-                  on_minibatch=(lambda rnd, done: barrier.wait()) if lockstep else None)
+                  on_minibatch=(lambda round, done: barrier.wait()) if lockstep else None)
         return parameters_to_vector(model.parameters()).detach()
 
     params = run_peers(topology.size, main, timeout=60)
@@ -93,24 +93,24 @@ def test_allreduce_weights_by_finished_samples(local_topology, open_peer, run_pe
     topology = local_topology("ring", size)
     counts = [[3, 0, 1, 4], [0, 0, 0, 2], [4, 4, 4, 4], [0, 0, 0, 0]]
     data = make_data(len(counts), size, (11,), torch.float64)
-    for rnd, row in enumerate(counts):
+    for round, row in enumerate(counts):
         for rank, count in enumerate(row):
             if count == 0:
-                data[rnd, rank] = 0.0  # a peer that finished nothing has nothing accumulated
+                data[round, rank] = 0.0  # a peer that finished nothing has nothing accumulated
 
     def main(rank):
         with open_peer(rank, topology, "nonblocking", inner="ring-allreduce") as peer:
-            return torch.stack([peer.strategy.average_gradients(data[rnd, rank].clone(),
-                                                                counts[rnd][rank], rnd)
-                                for rnd in range(len(counts))])
+            return torch.stack([peer.strategy.average_gradients(data[round, rank].clone(),
+                                                                counts[round][rank], round)
+                                for round in range(len(counts))])
 
     results = run_peers(size, main)
-    for rnd, row in enumerate(counts):
+    for round, row in enumerate(counts):
         total = sum(row)
-        expected = data[rnd].sum(0) / total if total else torch.zeros(11, dtype=torch.float64)
+        expected = data[round].sum(0) / total if total else torch.zeros(11, dtype=torch.float64)
         for rank in range(size):
-            torch.testing.assert_close(results[rank][rnd], expected, rtol=1e-12, atol=1e-12)
-            assert torch.equal(results[rank][rnd], results[0][rnd])
+            torch.testing.assert_close(results[rank][round], expected, rtol=1e-12, atol=1e-12)
+            assert torch.equal(results[rank][round], results[0][round])
 
 
 @pytest.mark.parametrize("inner", ["ring-allreduce",
@@ -127,8 +127,8 @@ def test_no_deadlock_when_a_peer_finished_none(inner, local_topology, open_peer,
     assert all(r["loss"] is not None or r["minibatches"] == 0 for r in records[1])
     # A round closes when the first peer has finished all its mini-batches (which of the
     # prompt two depends on the scheduler: on a loaded machine one may finish none).
-    for rnd in range(len(late)):
-        assert max(records[rank][rnd]["minibatches"] for rank in range(P)) == 2, rnd
+    for round in range(len(late)):
+        assert max(records[rank][round]["minibatches"] for rank in range(P)) == 2, round
     if inner == "ring-allreduce":  # the same step everywhere, even for the peer with none
         assert torch.equal(params[1], params[0]) and torch.equal(params[2], params[0])
         assert records[0][-1]["consensus"] == pytest.approx(0.0, abs=1e-12)
@@ -144,8 +144,8 @@ def test_fast_peers_do_not_wait_for_a_slow_one(local_topology, open_peer, run_pe
     params, records = train_peers(topology, open_peer, run_peers, config)
     slow = [r["minibatches"] for r in records[2]]
     assert all(1 <= c < 4 for c in slow[1:]), slow  # round 0 may see staggered starts
-    for rnd in range(config.rounds):  # the first to finish all four closed the round
-        assert max(records[rank][rnd]["minibatches"] for rank in range(P)) == 4
+    for round in range(config.rounds):  # the first to finish all four closed the round
+        assert max(records[rank][round]["minibatches"] for rank in range(P)) == 4
     # (a peer stopped before its first mini-batch of a round sleeps nothing in that round)
     assert all(sum(r["delay_s"] for r in records[rank]) > 0 for rank in range(P))
     assert torch.equal(params[2], params[0]) and torch.equal(params[1], params[0])

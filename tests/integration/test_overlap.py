@@ -73,14 +73,14 @@ def train(run_peers, topology, strategy, *, mode: str, steps: int = 3, minibatch
                                  **options) as peer:
             if mode == "overlap":
                 peer.attach(model, bucket_mb=bucket_mb, first_bucket_mb=bucket_mb)
-            for rnd in range(steps):
-                optimizer.zero_grad(set_to_none=rnd % 2 == 1)  # both ways of zeroing
+            for round in range(steps):
+                optimizer.zero_grad(set_to_none=round % 2 == 1)  # both ways of zeroing
                 for i in range(minibatches):
                     with peer.no_sync() if i < minibatches - 1 else _nothing():
                         x, y = torch.randn(6, 10, generator=data), torch.randn(6, 3, generator=data)
                         torch.nn.functional.mse_loss(model(x), y).backward()
                 if mode == "manual":
-                    _manual_step(peer, model, optimizer, trainable, minibatches, rnd)
+                    _manual_step(peer, model, optimizer, trainable, minibatches, round)
                 else:
                     peer.step(model, optimizer, minibatches=minibatches)
                 grads = parameters_to_vector([p.grad if p.grad is not None else
@@ -108,12 +108,12 @@ class _nothing:
         return False
 
 
-def _manual_step(peer, model, optimizer, params, minibatches, rnd):
+def _manual_step(peer, model, optimizer, params, minibatches, round):
     """Peer.step as it was before persistent flat buffers: flatten, average, copy back."""
     if peer.strategy.operates_on == "grads":
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         averaged = peer.strategy.average_gradients(parameters_to_vector(grads), minibatches,
-                                                   rnd)
+                                                   round)
         offset = 0
         for p in params:
             g = averaged[offset:offset + p.numel()].view_as(p)
@@ -126,7 +126,7 @@ def _manual_step(peer, model, optimizer, params, minibatches, rnd):
     else:
         optimizer.step()
         with torch.no_grad():
-            vector_to_parameters(peer.synchronize(parameters_to_vector(params), rnd), params)
+            vector_to_parameters(peer.synchronize(parameters_to_vector(params), round), params)
 
 
 def _same_on_every_peer(t: torch.Tensor) -> None:
@@ -229,8 +229,8 @@ def test_a_peer_dying_mid_bucket_raises_peer_gone_on_the_others(local_topology, 
             with peer_once_all_bound(rank, topology, "ring-allreduce", all_bound,
                                      timeout=TIMEOUT, dead_after=1.0) as peer:
                 peer.attach(model, bucket_mb=SMALL_BUCKETS)
-                for rnd in range(3):
-                    if rank == victim and rnd == 1:
+                for round in range(3):
+                    if rank == victim and round == 1:
                         peer.transport.close()  # no goodbye: the others are mid-bucket
                         raise KeyboardInterrupt
                     optimizer.zero_grad()

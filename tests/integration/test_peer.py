@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from gossip.errors import ConfigError, PeerTimeout, ProtocolError, TransportError
+from gossip.errors import ConfigError, PeerNotOpen, PeerTimeout, ProtocolError, TransportError
 from gossip.peer import Peer
 
 STRATEGIES = ["ring-allreduce", "dpsgd"]
@@ -52,7 +52,7 @@ def test_bad_option_value_fails_on_enter_and_frees_the_address(local_topology):
 
 
 def test_synchronize_outside_with_block(local_topology):
-    with pytest.raises(RuntimeError, match="Peer is not open"):
+    with pytest.raises(PeerNotOpen, match="Peer is not open"):
         Peer(0, local_topology("ring", 1), "dpsgd").synchronize(torch.ones(2), 0)
 
 

@@ -370,9 +370,9 @@ def test_a_server_waits_for_workers_computing_longer_than_the_timeout():
                 peer.serve()
                 return dict(peer.transport.membership.lost)
             x = torch.full((5,), float(rank), dtype=torch.float64)
-            for rnd in range(8):
+            for round in range(8):
                 time.sleep(0.15)  # a step's compute: nothing leaves this peer meanwhile
-                x = peer.synchronize(x, rnd)
+                x = peer.synchronize(x, round)
             return x, dict(peer.transport.membership.lost)
 
     results = run_in_threads(3, main, timeout=4 * TIMEOUT)
@@ -396,12 +396,12 @@ def test_a_training_server_waits_for_a_worker_computing_longer_than_the_timeout(
         with peer_once_all_bound(rank, topology, "ps", bound, timeout=0.3,
                                  dead_after=5.0) as peer:
             out = []
-            for rnd in range(3):
+            for round in range(3):
                 if rank == 2:
                     time.sleep(0.6)  # a step's compute: nothing leaves this peer meanwhile
-                out.append(peer.synchronize(torch.full((4,), float(rank + rnd)), rnd))
+                out.append(peer.synchronize(torch.full((4,), float(rank + round)), round))
             return out
 
     results = run_in_threads(3, main, timeout=4 * TIMEOUT)
-    for rnd in range(3):
-        assert all(torch.equal(results[r][rnd], torch.full((4,), 1.0 + rnd)) for r in range(3))
+    for round in range(3):
+        assert all(torch.equal(results[r][round], torch.full((4,), 1.0 + round)) for r in range(3))

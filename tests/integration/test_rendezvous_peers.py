@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from gossip.metrics import read_jsonl
-from gossip.netutil import PortPicker, free_ports
+from gossip.ports import PortPicker, free_ports
 from gossip.peer import Peer
 from gossip.rendezvous import Rendezvous
 from gossip.topology import Topology

@@ -23,7 +23,7 @@ from gossip import checkpoint
 from gossip.config import TrainConfig
 from gossip.errors import RejoinError
 from gossip.metrics import MetricsWriter, read_jsonl
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.strategies.matcha import Matcha, MatchaOptions
 from gossip.training.synchronous import train
@@ -59,15 +59,15 @@ def test_a_restarted_peer_rejoins_with_its_checkpointed_value(strategy, options,
         try:
             with peer_once_all_bound(rank, topology, strategy, all_bound, timeout=10,
                                      dead_after=10, keep_for_rejoin=True, **options) as peer:
-                for rnd in range(rounds):
-                    if rnd == checkpoint:
+                for round in range(rounds):
+                    if round == checkpoint:
                         saved = x.clone()
-                    if rnd == dies_before:
+                    if round == dies_before:
                         before_death.wait()
                         if rank == victim:
                             peer.transport.close()  # no goodbye: killed
                             raise Killed
-                    x = peer.synchronize(x, rnd)
+                    x = peer.synchronize(x, round)
                     results.append(x.clone())
                 assert peer.lost_peers == {}
         except Killed:
@@ -76,8 +76,8 @@ def test_a_restarted_peer_rejoins_with_its_checkpointed_value(strategy, options,
                 resumed_at.append(start)
                 x = saved
                 results += [torch.full_like(x, torch.nan)] * (start - len(results))
-                for rnd in range(start, rounds):
-                    x = peer.synchronize(x, rnd)
+                for round in range(start, rounds):
+                    x = peer.synchronize(x, round)
                     results.append(x.clone())
         return torch.stack(results)
 

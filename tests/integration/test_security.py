@@ -19,7 +19,7 @@ import zmq
 from gossip import keys
 from gossip.errors import PeerTimeout
 from gossip.keys import CurveKeys
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.transport import Message, ZmqTransport, codec
 from support import peer_once_all_bound, read_until
@@ -40,9 +40,9 @@ def keyed_ring(tmp_path, local_topology):
     return local_topology("ring", 3).with_keys(tmp_path / "keys")
 
 
-def poisoned(rnd: int, src: int = 1) -> list[bytes]:
-    """Frames of a well-formed gossip message for round ``rnd`` claiming to come from ``src``."""
-    header, frames = codec.encode(Message("gossip", rnd, buffers=(torch.full((8,), 1e6),)), src)
+def poisoned(round: int, src: int = 1) -> list[bytes]:
+    """Frames of a well-formed gossip message for round ``round`` claiming to come from ``src``."""
+    header, frames = codec.encode(Message("gossip", round, buffers=(torch.full((8,), 1e6),)), src)
     return [header] + [f.numpy().tobytes() for f in frames]
 
 
@@ -79,13 +79,13 @@ def attack(topology, queued: threading.Event, stop: threading.Event) -> None:
         sockets.append(sock)
     fakes = [impostor(topology, 1, keyed=False), impostor(topology, 1, keyed=True)]
     try:
-        for rnd in range(ROUNDS):
+        for round in range(ROUNDS):
             for sock in sockets:  # rank 2's real key claiming rank 1; a wrong server key
-                sock.send_multipart(poisoned(rnd))
+                sock.send_multipart(poisoned(round))
             for fake in fakes:  # queued until a handshake succeeds, which never happens;
                 # once libzmq refused the handshake it may drop the queue and fail the send
                 with suppress(PeerTimeout):
-                    fake.send(0, Message("gossip", rnd, buffers=(torch.full((8,), 1e6),)))
+                    fake.send(0, Message("gossip", round, buffers=(torch.full((8,), 1e6),)))
         queued.set()
         stop.wait(30.0)
     finally:
@@ -108,8 +108,8 @@ def test_strangers_and_impostors_get_nothing_into_a_running_cluster(keyed_ring, 
             if rank == 0:  # the poison queues up before the honest messages
                 attacker.start()
                 assert queued.wait(10.0), "the attacker never got its poison out"
-            for rnd in range(ROUNDS):
-                results[rnd, rank] = peer.synchronize(data[rnd, rank].clone(), rnd)
+            for round in range(ROUNDS):
+                results[round, rank] = peer.synchronize(data[round, rank].clone(), round)
             if rank == 0:  # keep reading until every kind of attack was seen and refused
                 read_until(peer.transport,
                            lambda: all(reasons.seen(why) for why in ATTACKS.values()),

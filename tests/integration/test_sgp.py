@@ -36,12 +36,12 @@ def push_rounds(topology, x0: torch.Tensor, rounds: int, *, slow: int | None = N
     def main(rank: int) -> None:
         with peer_once_all_bound(rank, topology, "sgp", all_bound, **options) as peer:
             x = x0[rank].clone()
-            for rnd in range(rounds):
+            for round in range(rounds):
                 if rank == slow:
                     time.sleep(0.005)
-                x = peer.synchronize(x, rnd, out=x)
-                z[rnd, rank], w[rnd, rank] = x, peer.strategy.weight
-                unmixed[rnd][rank] = {r: set(s) for r, s in peer.strategy.awaited.items()}
+                x = peer.synchronize(x, round, out=x)
+                z[round, rank], w[round, rank] = x, peer.strategy.weight
+                unmixed[round][rank] = {r: set(s) for r, s in peer.strategy.awaited.items()}
 
     run_in_threads(size, main, timeout=60)
     return z, w, unmixed

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 
 PEER = textwrap.dedent("""
     import sys, torch
@@ -25,7 +25,8 @@ PEER = textwrap.dedent("""
     topology = Topology.ring(size).relocated(ports=[int(p) for p in ports.split(",")])
     data = torch.load(data_file)
     with Peer(rank, topology, "ring-allreduce", timeout=30, piece_bytes=piece_bytes) as peer:
-        results = [peer.synchronize(data[rnd, rank].clone(), rnd) for rnd in range(len(data))]
+        results = [peer.synchronize(data[round, rank].clone(), round)
+                   for round in range(len(data))]
         shared = peer.transport.shares_memory_with((rank + 1) % size)
         rejected = peer.stats["messages_rejected"]
     torch.save({"results": torch.stack(results), "shared": shared, "rejected": rejected}, out)

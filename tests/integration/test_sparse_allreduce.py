@@ -73,15 +73,15 @@ def run_specs(local_topology, run_peers, size: int, specs: list[Spec], *, inplac
                                  timeout=timeout) as peer:
             strategies = [peer.add_strategy(s.name, tag=f"s{i}", **s.options)
                           for i, s in enumerate(specs)]
-            for rnd in range(max(s.data.shape[0] for s in specs)):
+            for round in range(max(s.data.shape[0] for s in specs)):
                 for spec, strategy in zip(specs, strategies):
-                    if rnd >= spec.data.shape[0]:
+                    if round >= spec.data.shape[0]:
                         continue
-                    x = spec.data[rnd, rank].clone()
-                    y = strategy.synchronize(x, rnd, out=x if inplace else None)
+                    x = spec.data[round, rank].clone()
+                    y = strategy.synchronize(x, round, out=x if inplace else None)
                     assert y.shape == x.shape and (not inplace or y.data_ptr() == x.data_ptr())
-                    spec.results[rnd, rank] = y
-                    spec.residuals[rnd, rank] = strategy.residual
+                    spec.results[round, rank] = y
+                    spec.residuals[round, rank] = strategy.residual
         stats[rank] = peer.stats
 
     run_peers(size, peer_main, timeout=3 * timeout)
@@ -94,10 +94,10 @@ def data(rounds: int, size: int, n: int, seed: int) -> torch.Tensor:
     return torch.randn(rounds, size, n, generator=torch.Generator().manual_seed(seed))
 
 
-def inputs(spec: Spec, rnd: int) -> np.ndarray:
-    """What the peers put in at round ``rnd``: x + the residual they carried."""
-    x = spec.data[rnd].double().numpy()
-    return x if rnd == 0 else x + spec.residuals[rnd - 1].double().numpy()
+def inputs(spec: Spec, round: int) -> np.ndarray:
+    """What the peers put in at round ``round``: x + the residual they carried."""
+    x = spec.data[round].double().numpy()
+    return x if round == 0 else x + spec.residuals[round - 1].double().numpy()
 
 
 def assert_identical_on_all_peers(spec: Spec) -> None:
@@ -107,12 +107,12 @@ def assert_identical_on_all_peers(spec: Spec) -> None:
 
 def assert_conserved(spec: Spec) -> None:
     size = spec.data.shape[1]
-    for rnd in range(spec.data.shape[0]):
-        put_in = inputs(spec, rnd).sum(axis=0)
-        out = size * spec.results[rnd, 0].double().numpy() + \
-            spec.residuals[rnd].double().numpy().sum(axis=0)
+    for round in range(spec.data.shape[0]):
+        put_in = inputs(spec, round).sum(axis=0)
+        out = size * spec.results[round, 0].double().numpy() + \
+            spec.residuals[round].double().numpy().sum(axis=0)
         np.testing.assert_allclose(out, put_in, rtol=1e-5, atol=1e-5 * size,
-                                   err_msg=f"{spec.name} round {rnd}: mass not conserved")
+                                   err_msg=f"{spec.name} round {round}: mass not conserved")
 
 
 # -- independent oracles -----------------------------------------------------------------
@@ -218,15 +218,15 @@ def oracle_spardl(a: np.ndarray, density: float) -> tuple[np.ndarray, np.ndarray
 
 def assert_matches(spec: Spec, oracle) -> None:
     """Round by round, the result and every residual equal the oracle's on the same input."""
-    for rnd in range(spec.data.shape[0]):
-        a = inputs(spec, rnd).astype(np.float32)
+    for round in range(spec.data.shape[0]):
+        a = inputs(spec, round).astype(np.float32)
         result, residual = oracle(a)
-        np.testing.assert_allclose(spec.results[rnd, 0].numpy(), result, rtol=1e-5, atol=1e-6,
-                                   err_msg=f"{spec.name} round {rnd}: result")
-        assert np.array_equal(spec.results[rnd, 0].numpy() != 0, result != 0), \
-            f"{spec.name} round {rnd}: different non-zeros"
-        np.testing.assert_allclose(spec.residuals[rnd].numpy(), residual, rtol=1e-5, atol=1e-6,
-                                   err_msg=f"{spec.name} round {rnd}: residuals")
+        np.testing.assert_allclose(spec.results[round, 0].numpy(), result, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{spec.name} round {round}: result")
+        assert np.array_equal(spec.results[round, 0].numpy() != 0, result != 0), \
+            f"{spec.name} round {round}: different non-zeros"
+        np.testing.assert_allclose(spec.residuals[round].numpy(), residual, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{spec.name} round {round}: residuals")
 
 
 def oracle_for(spec: Spec):
@@ -334,9 +334,9 @@ def test_without_error_feedback_each_round_starts_from_its_input(name, run):
     size, n = 3, length(3)
     spec = Spec(name, {"density": 0.1, "error_feedback": False}, data(2, size, n, seed=5))
     run(size, [spec])
-    for rnd in range(2):
-        result, _ = oracle_for(spec)(spec.data[rnd].numpy())
-        np.testing.assert_allclose(spec.results[rnd, 0].numpy(), result, rtol=1e-5, atol=1e-6)
+    for round in range(2):
+        result, _ = oracle_for(spec)(spec.data[round].numpy())
+        np.testing.assert_allclose(spec.results[round, 0].numpy(), result, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -391,8 +391,8 @@ with Peer(rank, Topology.from_yaml(path), "ring-allreduce", timeout=30) as peer:
                   for j, density in enumerate([1.0, 0.05])}
     for (name, density), s in strategies.items():
         j = [1.0, 0.05].index(density)
-        for rnd in range(2):
-            saved[name, density, rnd] = (s.synchronize(x[rnd, j], rnd), s.residual.clone())
+        for round in range(2):
+            saved[name, density, round] = (s.synchronize(x[round, j], round), s.residual.clone())
 torch.save({"x": x, "saved": saved}, out)
 """
 
@@ -424,13 +424,13 @@ def test_peers_with_distinct_ips_in_network_namespaces(netns, tmp_path):
     for name in NAMES:
         for j, density in enumerate([1.0, 0.05]):
             carried = torch.zeros(size, 101)
-            for rnd in range(2):
-                results = [run["saved"][name, density, rnd][0] for run in runs]
-                residuals = torch.stack([run["saved"][name, density, rnd][1] for run in runs])
+            for round in range(2):
+                results = [run["saved"][name, density, round][0] for run in runs]
+                residuals = torch.stack([run["saved"][name, density, round][1] for run in runs])
                 assert all(torch.equal(r, results[0]) for r in results), name
-                put_in = (x[rnd, j] + carried).double().sum(dim=0)
+                put_in = (x[round, j] + carried).double().sum(dim=0)
                 torch.testing.assert_close(size * results[0].double() + residuals.double().sum(0),
                                            put_in, rtol=1e-5, atol=1e-5)
                 if density == 1.0:
-                    torch.testing.assert_close(results[0], x[rnd, j].mean(dim=0))
+                    torch.testing.assert_close(results[0], x[round, j].mean(dim=0))
                 carried = residuals

@@ -28,8 +28,8 @@ def test_staleness_zero_is_dpsgd_bit_for_bit(local_topology, run_rounds, make_da
 def test_the_newest_message_in_the_window_is_used_and_older_ones_dropped():
     hub = LoopbackHub(2)
     receiver, sender = hub.transport(0, timeout=2), hub.transport(1, timeout=2)
-    for rnd in (3, 4, 5, 7):
-        sender.send(0, Message("gossip", rnd, meta={"r": rnd}))
+    for round in (3, 4, 5, 7):
+        sender.send(0, Message("gossip", round, meta={"r": round}))
     msg = recv_latest(receiver, src=1, kind="gossip", first=4, last=6)
     assert msg.round == 5
     assert [m.round for m in receiver.inbox] == [7]  # 3 and 4 can no longer be used
@@ -93,12 +93,12 @@ def test_peers_that_agree_move_on_as_one_whatever_the_staleness(local_topology, 
         with Peer(rank, topology, "dpsgd", transport=hub.transport(rank, timeout=10),
                   staleness=s, compensate=compensate) as peer:
             x = x0.clone()
-            for rnd in range(rounds):
+            for round in range(rounds):
                 if rank == 2:
                     time.sleep(0.03)
-                x = peer.synchronize(x + c, rnd)
-                errors[rank] = max(errors[rank], (x - (x0 + (rnd + 1) * c)).abs().max().item())
-                stale[rank] = max(stale[rank], peer.strategy.record_fields(rnd)["staleness"])
+                x = peer.synchronize(x + c, round)
+                errors[rank] = max(errors[rank], (x - (x0 + (round + 1) * c)).abs().max().item())
+                stale[rank] = max(stale[rank], peer.strategy.record_fields(round)["staleness"])
 
     run_in_threads(size, main, timeout=60)
     assert max(stale) > 0, "nobody mixed a late model: the test cannot fail"

@@ -53,7 +53,7 @@ PROBE = textwrap.dedent("""
             box.free([offset])
         box.close()
 
-    from gossip.netutil import free_ports
+    from gossip.ports import free_ports
     from gossip.peer import Peer
     from gossip.topology import Topology
     data = [torch.full((300_007,), float(rank)) for rank in range(3)]
@@ -67,8 +67,8 @@ PROBE = textwrap.dedent("""
             x = data[rank]
             with Peer(rank, topology, strategy, timeout=20) as node:
                 barrier.wait()
-                for rnd in range(10):
-                    node.synchronize(x, rnd, out=x)
+                for round in range(10):
+                    node.synchronize(x, round, out=x)
         threads = [threading.Thread(target=peer, args=(r,)) for r in range(3)]
         for t in threads: t.start()
         for t in threads: t.join(60)

@@ -30,8 +30,8 @@ def test_local_over_adpsgd_drains_its_exchanges_on_exit(local_topology):
         with peer_once_all_bound(rank, topology, "local", all_bound, timeout=30, period=2,
                                  inner="adpsgd", inner_options={"seed": rank}) as peer:
             assert peer.strategy.synchronous is False
-            for rnd in range(5 + 4 * rank):
-                x = peer.synchronize(x, rnd, out=x)
+            for round in range(5 + 4 * rank):
+                x = peer.synchronize(x, round, out=x)
                 with peer.communicating():
                     peer.strategy.poll()  # between mini-batches, as the async runner does
                 time.sleep(delays.random() * 0.002)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.topology import Topology
 from gossip.transport import LoopbackHub, ZmqTransport
@@ -140,13 +140,13 @@ def run_rounds_on_peers(topology: Topology, strategy: str, data: torch.Tensor, *
     def peer_main(rank: int) -> None:
         with peer_once_all_bound(rank, topology, strategy, all_bound, hub=hub, timeout=timeout,
                                  **options) as peer:
-            for rnd in range(n_rounds):
-                x = data[rnd, rank].clone()
-                y = peer.synchronize(x, rnd, out=x if inplace else None)
+            for round in range(n_rounds):
+                x = data[round, rank].clone()
+                y = peer.synchronize(x, round, out=x if inplace else None)
                 assert y.shape == x.shape and y.dtype == x.dtype
                 if inplace:
                     assert y.data_ptr() == x.data_ptr(), "out=x did not write in place"
-                results[rnd, rank] = y
+                results[round, rank] = y
         stats[rank] = peer.stats
 
     run_in_threads(size, peer_main, timeout=3 * timeout)
@@ -169,8 +169,8 @@ def iterate_on_peers(topology: Topology, strategy: str, x0: torch.Tensor, rounds
         with peer_once_all_bound(rank, topology, strategy, all_bound, hub=hub, timeout=timeout,
                                  **options) as peer:
             x = x0[rank].clone()
-            for rnd in range(rounds):
-                x = peer.synchronize(x, rnd, out=x)
+            for round in range(rounds):
+                x = peer.synchronize(x, round, out=x)
             final[rank], strategies[rank] = x, peer.strategy
 
     run_in_threads(size, peer_main, timeout=120)

@@ -15,10 +15,10 @@ def write_run(run_dir, strategy: str, walls: list[list[float]]) -> None:
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"strategy": strategy}}))
     for rank, peer_walls in enumerate(walls):
-        lines = [{"round": rnd, "time": wall, "wall": 100.0 + wall,
-                  "loss": float(rank), "accuracy": 0.5, "bytes_sent": 10 * (rnd + 1),
+        lines = [{"round": round, "time": wall, "wall": 100.0 + wall,
+                  "loss": float(rank), "accuracy": 0.5, "bytes_sent": 10 * (round + 1),
                   "samples": 8, "minibatches": 1}
-                 for rnd, wall in enumerate(peer_walls)]
+                 for round, wall in enumerate(peer_walls)]
         (run_dir / f"peer-{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -50,3 +50,22 @@ def test_runs_that_differ_only_in_their_stragglers_are_told_apart_in_the_plots(t
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config))
         families.append(load_curve(tmp_path / name, smooth=1).family)
     assert families[0] == families[1] != families[2]
+
+
+def test_a_wrapper_is_drawn_in_its_inner_strategys_family(tmp_path):
+    """Wrappers are known by their ``wraps`` capability: a nonblocking dpsgd shares dpsgd's
+    colour (dashed), a local SGD run keeps its period in its family."""
+    curves = {}
+    for name, strategy, options in (("plain", "dpsgd", {}),
+                                     ("nb", "nonblocking", {"inner": "dpsgd"}),
+                                     ("local", "local", {"period": 4})):
+        write_run(tmp_path / name, strategy, [[1.0, 2.0], [1.5, 2.5]])
+        config = yaml.safe_load((tmp_path / name / "config.yaml").read_text())
+        config["train"]["options"] = options
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config))
+        curves[name] = load_curve(tmp_path / name, smooth=1)
+    assert (curves["plain"].label, curves["plain"].nonblocking) == ("dpsgd", False)
+    assert (curves["nb"].label, curves["nb"].nonblocking) == ("nonblocking(dpsgd)", True)
+    assert curves["nb"].family == curves["plain"].family
+    assert curves["local"].label == "local(ring-allreduce)"
+    assert curves["local"].family.startswith('ring-allreduce{"period": 4}')

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from gossip.bench.harness import format_table, run_ranks, summarize
+from gossip.errors import ConfigError
 
 # Targets must be module-level so the spawned ranks can import them by name. This
 # module imports only the harness at top level (baselines pulls in torch), so ranks
@@ -101,13 +102,13 @@ def test_run_ranks_detects_rank_that_exits_without_result():
 
 
 def test_run_ranks_rejects_empty_world():
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         run_ranks(_echo, 0, "x")
 
 
 def test_summarize():
     assert summarize([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         summarize([])
 
 
@@ -135,7 +136,7 @@ def test_ring_neighbors():
 def test_zmq_exchange_rejects_asymmetric_graph():
     from gossip.bench.baselines import zmq_exchange_times
 
-    with pytest.raises(ValueError, match="symmetric"):
+    with pytest.raises(ConfigError, match="symmetric"):
         zmq_exchange_times(3, 10, neighbors=lambda r, w: ((r + 1) % w,))
 
 

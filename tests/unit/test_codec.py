@@ -107,14 +107,14 @@ shapes = st.lists(st.integers(0, 4), max_size=4).map(tuple)
 @FUZZ
 @given(names=st.lists(st.sampled_from(list(codec.DTYPES)), max_size=4),
        shape_list=st.lists(shapes, min_size=4, max_size=4),
-       seed=st.integers(0, 2**32 - 1), rnd=st.integers(-2**63, 2**63 - 1),
+       seed=st.integers(0, 2**32 - 1), round=st.integers(-2**63, 2**63 - 1),
        src=st.integers(0, 2**31))
-def test_round_trip_random_dtypes_and_shapes(names, shape_list, seed, rnd, src):
+def test_round_trip_random_dtypes_and_shapes(names, shape_list, seed, round, src):
     sent = tuple(random_tensor(codec.DTYPES[name], shape, seed + i)
                  for i, (name, shape) in enumerate(zip(names, shape_list)))
-    msg = codec.decode(wire(Message("gossip", rnd, buffers=sent), src=src),
+    msg = codec.decode(wire(Message("gossip", round, buffers=sent), src=src),
                        kinds=frozenset({"gossip"}))
-    assert (msg.round, msg.src) == (rnd, src)
+    assert (msg.round, msg.src) == (round, src)
     assert len(msg.buffers) == len(sent)
     for got, expected in zip(msg.buffers, sent):
         assert_bitwise_equal(got, expected)

@@ -29,8 +29,8 @@ def fake_jobs(arbiter, rounds: dict[str, int], *, devices=("d0", "d1"), compute=
         try:
             with arbiter.lock(device, job, rank, timeout=10) as lock:
                 times = ends.setdefault((job, device), [])
-                for rnd in range(rounds[job]):
-                    with lock.compute(rnd) as hold:
+                for round in range(rounds[job]):
+                    with lock.compute(round) as hold:
                         lock.sleep(compute)
                     waits.setdefault((job, device), []).append(hold.wait_s)
                     time.sleep(comm)

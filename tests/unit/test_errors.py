@@ -4,7 +4,9 @@ gossip.errors and exported from ``gossip``."""
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import pkgutil
 from pathlib import Path
 
 import gossip
@@ -49,6 +51,33 @@ def test_no_module_defines_an_exception_outside_gossip_errors():
                          for b in node.bases}
                 if bases & exceptional:
                     found.append(f"{where}: {node.name}")
+    assert not found, found
+
+
+def test_every_public_exception_class_of_every_module_is_a_gossip_error_exported_from_gossip():
+    """Walks gossip's modules, imported: an exception class a module defines or re-exports
+    under a public name is one a user can catch, so it must be in the family and in
+    ``gossip``. Modules whose optional dependencies are missing here are skipped."""
+    found = []
+    for info in pkgutil.walk_packages(gossip.__path__, "gossip."):
+        if info.name == "gossip.__main__":
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:
+            continue
+        for name, value in vars(module).items():
+            if (name.startswith("_") or not inspect.isclass(value)
+                    or not issubclass(value, BaseException)
+                    or not value.__module__.startswith("gossip")):
+                continue
+            where = (info.name.replace(".", "/") + ".py", value.__name__)
+            if where in INTERNAL or (value.__module__.replace(".", "/") + ".py",
+                                     value.__name__) in INTERNAL:
+                continue
+            if not issubclass(value, gossip.GossipError) or getattr(gossip, name, None) \
+                    is not value:
+                found.append(f"{info.name}.{name}")
     assert not found, found
 
 

@@ -14,7 +14,7 @@ from gossip import matrix
 from gossip.cli.strategies import strategies
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.peer import Peer
 from gossip.sim import simulate_run
 from gossip.strategies import STRATEGIES

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from gossip.errors import ConfigError
 from gossip.metrics import MetricsWriter, Stopwatch, last_record, read_jsonl
 
 
@@ -99,7 +100,7 @@ def test_partial_multibyte_tail(tmp_path):
 def test_corrupt_middle_line_raises(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"round": 0}\n{"rou\n{"round": 2}\n')
-    with pytest.raises(ValueError, match=":2"):
+    with pytest.raises(ConfigError, match=":2"):
         read_jsonl(path)
 
 

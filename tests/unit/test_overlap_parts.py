@@ -170,8 +170,8 @@ def test_the_overlap_table_pairs_arms_and_applies_the_time_model(tmp_path):
         path.mkdir()
         (path / "config.yaml").write_text(yaml.safe_dump({"train": {"strategy": "dpsgd"}}))
         lines = []
-        for rnd in range(DROP + 3):
-            line = {"round": rnd, "compute_s": compute if rnd >= DROP else 99.0,
+        for round in range(DROP + 3):
+            line = {"round": round, "compute_s": compute if round >= DROP else 99.0,
                     "comm_s": comm}
             if overlap:
                 line.update(iter_s=iter_s, exposed_comm_s=exposed, comm_busy_s=comm,

@@ -17,8 +17,8 @@ def msg(kind="gossip", round=0, src=1, tag=None) -> Message:
 
 def test_oldest_match_first_with_and_without_a_source():
     pending = PendingMessages()
-    for tag, (src, rnd) in enumerate([(1, 0), (2, 0), (1, 0), (2, 1)]):
-        pending.keep(msg(round=rnd, src=src, tag=tag), 10)
+    for tag, (src, round) in enumerate([(1, 0), (2, 0), (1, 0), (2, 1)]):
+        pending.keep(msg(round=round, src=src, tag=tag), 10)
     assert pending.take(2, "gossip", 0).meta["tag"] == 1
     assert pending.take(None, "gossip", 0).meta["tag"] == 0
     assert pending.take(None, "gossip", 0).meta["tag"] == 2
@@ -39,9 +39,9 @@ def test_a_receive_costs_the_same_however_many_messages_wait():
         t1.send(0, Message("gossip", 0))
         t0.recv(src=1, kind="gossip", round=0, timeout=5)  # reads (and keeps) the junk
         start = time.perf_counter()
-        for rnd in range(1, 1001):
-            t1.send(0, Message("gossip", rnd))
-            t0.recv(src=1, kind="gossip", round=rnd, timeout=5)
+        for round in range(1, 1001):
+            t1.send(0, Message("gossip", round))
+            t0.recv(src=1, kind="gossip", round=round, timeout=5)
         assert len(t0.inbox) == junk
         return time.perf_counter() - start
 
@@ -65,8 +65,8 @@ def test_messages_long_behind_the_current_round_are_refused_and_expired():
 
 def test_count_and_byte_caps():
     pending = PendingMessages(max_messages=3, max_bytes=100)
-    for rnd in range(3):
-        pending.keep(msg(round=rnd), 10)
+    for round in range(3):
+        pending.keep(msg(round=round), 10)
     assert "buffer full (3 messages, 30 bytes)" in pending.refusal(msg(round=9), 10)
     pending.take(1, "gossip", 0)
     assert pending.refusal(msg(round=9), 10) is None
@@ -77,8 +77,8 @@ def test_transport_rejects_what_it_cannot_keep_and_expires_what_falls_behind():
     hub = LoopbackHub(2)
     t0 = hub.transport(0, max_pending_messages=5)
     t1 = hub.transport(1)
-    for rnd in range(100, 110):  # a flood of messages for rounds that never come
-        t1.send(0, Message("gossip", rnd, buffers=()))
+    for round in range(100, 110):  # a flood of messages for rounds that never come
+        t1.send(0, Message("gossip", round, buffers=()))
     t1.send(0, Message("gossip", 0))
     assert t0.recv(src=1, kind="gossip", round=0, timeout=1).round == 0
     assert len(t0.inbox) == 5 and t0.stats.messages_rejected == 5

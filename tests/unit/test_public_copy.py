@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gossip.compress import create
-from gossip.strategies.gossip import public_copy
-from gossip.strategies.gossip.public_copy import PublicCopy
+from gossip.strategies.dpsgd import public_copy
+from gossip.strategies.dpsgd.public_copy import PublicCopy
 
 
 @pytest.mark.parametrize("name, options", [
@@ -24,9 +24,9 @@ def test_public_copy_matches_the_full_recomputation(name, options, monkeypatch):
     state = public_copy.PublicCopy(torch.zeros(n))
     public, mixed = torch.zeros(n), torch.zeros(n)
     x = torch.randn(n, generator=gen)
-    for rnd in range(6):
-        payload, own = state.compress(compressor, x, key="k", round=rnd)
-        reference = compressor.compress(x - public, key="k", round=rnd)
+    for round in range(6):
+        payload, own = state.compress(compressor, x, key="k", round=round)
+        reference = compressor.compress(x - public, key="k", round=round)
         assert [b.tolist() for b in payload.buffers] == [b.tolist() for b in reference.buffers]
         if own is not None:  # what unpack would decode, without decoding
             decoded = compressor.unpack(payload)
@@ -36,7 +36,7 @@ def test_public_copy_matches_the_full_recomputation(name, options, monkeypatch):
         compressor.add_to(reference, public, alpha=1.0)
         compressor.add_to(reference, mixed, alpha=weights[0])
         for j, weight in enumerate(weights[1:]):
-            theirs = compressor.compress(torch.randn(n, generator=gen), key=f"n{j}", round=rnd)
+            theirs = compressor.compress(torch.randn(n, generator=gen), key=f"n{j}", round=round)
             state.add_neighbour(compressor, theirs, weight=weight, scale=1.0)
             compressor.add_to(theirs, mixed, alpha=weight)
         assert torch.equal(state.public, public) and torch.equal(state.mixed, mixed)

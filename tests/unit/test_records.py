@@ -20,9 +20,9 @@ OVERLAP = ["exposed_comm_s", "comm_busy_s", "iter_s", "buckets"]
 OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness"]  # written only when set
 
 
-def record(rnd: int = 3, **changes) -> Record:
-    fields = dict(round=rnd, time=1.25, wall=1.7e9 + rnd, loss=0.5, accuracy=0.75,
-                  bytes_sent=1000 * (rnd + 1), bytes_recv=990 * (rnd + 1), compute_s=0.01,
+def record(round: int = 3, **changes) -> Record:
+    fields = dict(round=round, time=1.25, wall=1.7e9 + round, loss=0.5, accuracy=0.75,
+                  bytes_sent=1000 * (round + 1), bytes_recv=990 * (round + 1), compute_s=0.01,
                   delay_s=0.0, comm_s=0.02, wait_s=0.005, minibatches=2, samples=32,
                   consensus=1e-3, avg_accuracy=0.8, lost_peers={5: 2})
     return Record(**{**fields, **changes})

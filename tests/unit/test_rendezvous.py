@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from gossip import checkpoint
 from gossip.errors import CheckpointError, ConfigError, RendezvousError
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.rendezvous import Incarnation, Rendezvous
 from gossip.rendezvous.contact import Contact, this_machine
 from gossip.rendezvous.launchers import rank_from, require_rank, require_size, size_from

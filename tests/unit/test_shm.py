@@ -18,7 +18,7 @@ import torch
 import zmq
 
 from gossip.keys import CurveKeys
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.transport import Message, ZmqTransport, codec, shm_segments
 from support import read_until
 

@@ -237,9 +237,9 @@ def test_a_server_waits_for_workers_computing_longer_than_the_timeout_in_virtual
             with Peer(rank, topology, "ps",
                       transport=world.transport(rank, timeout=2.0, dead_after=1.0)) as peer:
                 x = torch.full((4,), float(rank), dtype=torch.float64)
-                for rnd in range(3):
+                for round in range(3):
                     world.scheduler.sleep(10.0)  # a step's compute: nothing is sent meanwhile
-                    x = peer.synchronize(x, rnd)
+                    x = peer.synchronize(x, round)
                 return x, dict(peer.transport.membership.lost)
         return main
 

@@ -34,11 +34,11 @@ def test_train_writes_one_record_per_round_timed_on_the_peer_clock(tmp_path):
         last = train(peer, CONFIG, on_round=lines.append)
     assert last == lines[-1]
     assert [line["round"] for line in lines] == [0, 1, 2]
-    for rnd, line in enumerate(lines):
+    for round, line in enumerate(lines):
         assert list(line) == SCHEMA
         # Two mini-batches of 0.25 s injected delay each; nothing else takes virtual time.
-        assert line["time"] == pytest.approx(0.5 * (rnd + 1))
-        assert line["wall"] == pytest.approx(1.7e9 + 0.5 * (rnd + 1))
+        assert line["time"] == pytest.approx(0.5 * (round + 1))
+        assert line["wall"] == pytest.approx(1.7e9 + 0.5 * (round + 1))
         assert line["compute_s"] == line["delay_s"] == pytest.approx(0.5)
         assert line["comm_s"] == line["wait_s"] == 0.0
         assert (line["minibatches"], line["samples"]) == (2, 16)

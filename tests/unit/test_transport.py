@@ -20,7 +20,7 @@ import torch
 import zmq
 
 from gossip.errors import PeerTimeout, TransportError
-from gossip.netutil import free_ports
+from gossip.ports import free_ports
 from gossip.transport import LoopbackHub, Message, ZmqTransport, codec, monitor
 from gossip.transport.stats import REJECTED
 from gossip.transport.endpoints import local_ipc
@@ -577,7 +577,7 @@ def test_malloc_tuning_applies_once_per_process_and_can_be_switched_off(setting,
     import sys
 
     tuned = wanted and platform.libc_ver()[0] == "glibc"  # elsewhere mallopt does not exist
-    code = ("from gossip.transport.memory import keep_freed_buffers as k; "
+    code = ("from gossip.transport.malloc_tuning import keep_freed_buffers as k; "
             "print(k(), k())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "GOSSIP_MALLOC_TUNING": setting})

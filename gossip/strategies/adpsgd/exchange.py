@@ -48,9 +48,7 @@ class ADPSGD(Strategy):
 
     def __init__(self, *, rank, topology, transport, options: ADPSGDOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
-        tag = self.options.tag
-        self.request_kind, self.reply_kind, self.done_kind, self.hello_kind = (
-            f"{tag}.req", f"{tag}.rep", f"{tag}.done", f"{tag}.hello")
+        self.request_kind, self.reply_kind, self.done_kind, self.hello_kind = self.options.kinds
         self.neighbors = topology.neighbors(rank)
         self.active = self._starts_exchanges(topology)
         self.rng = random.Random(self.options.seed * 1_000_003 + rank)
@@ -74,10 +72,6 @@ class ADPSGD(Strategy):
                               f"bipartite or use a bipartite graph")
         colour = nx.bipartite.color(topology.graph)
         return colour[self.rank] == colour[0]  # rank 0's side asks
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.request_kind, self.reply_kind, self.done_kind, self.hello_kind)
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gossip.options import Options, at_least, option
+from gossip.options import TaggedOptions, at_least, option
 
 
 @dataclass(frozen=True)
-class ADPSGDOptions(Options):
+class ADPSGDOptions(TaggedOptions, tag="adpsgd", kinds=("req", "rep", "done", "hello")):
     """Options of ``adpsgd``."""
 
     examples = ({}, {"seed": 4})  # bipartite: the contract's odd rings are not bipartite
@@ -18,4 +18,3 @@ class ADPSGDOptions(Options):
                                     "must be bipartite)")
     seed: int = option(0, "seeds each peer's choice of partner (with its rank)",
                        check=at_least(0))
-    tag: str = option("adpsgd", "message kind prefix, distinct per instance on one transport")

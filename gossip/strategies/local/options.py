@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gossip.errors import ConfigError
-from gossip.options import Options, at_least, option
+from gossip.options import TaggedOptions, at_least, option
 from gossip.strategies.base import EXACT_MEAN
 from gossip.strategies.wrapping import inner_options, inner_refusal
 
@@ -34,7 +34,7 @@ def _groups(value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class LocalOptions(Options):
+class LocalOptions(TaggedOptions, tag="local"):
     """Options of ``local``; ``inner_options`` become the inner strategy's own."""
 
     examples = ({"period": 2}, {"inner": "dpsgd", "period": 2, "warmup_rounds": 1})
@@ -55,7 +55,6 @@ class LocalOptions(Options):
     optimizer_state: str = option("keep", "the optimizer's state at an average: keep it local, "
                                           "reset it, or average it with the model",
                                   choices=("keep", "reset", "average"))
-    tag: str = option("local", "prefix of its own message kinds (groups, warm-up)")
 
     def __post_init__(self):
         super().__post_init__()

@@ -1,7 +1,7 @@
 """MATCHA with compressed differences: CHOCO-Gossip on a graph that changes every round.
 
-CHOCO's memory-efficient s-form (strategies/gossip/choco.py) relies on fixed weights and on every neighbour
-hearing every update of a peer's public copy. Under MATCHA an edge that is off carries no
+CHOCO's memory-efficient s-form (strategies/dpsgd/choco.py) relies on fixed weights and on
+every neighbour hearing every update of a peer's public copy. Under MATCHA an edge that is off carries no
 message, so one public copy per peer would drift apart between the neighbours that heard an
 update and those that did not. Here each edge (i, j) has its own pair of public copies,
 x̂_i^(j) (what j knows of i) and x̂_j^(i), held bit for bit by both ends and advanced only in
@@ -23,7 +23,7 @@ import torch
 from gossip.compress import Payload
 from gossip.errors import ConfigError, ProtocolError
 from gossip.strategies.base import Strategy
-from gossip.strategies.gossip.compression import default_gamma, shrink
+from gossip.strategies.dpsgd.compression import default_gamma, shrink
 from gossip.strategies.matcha.options import MatchaOptions
 from gossip.strategies.matcha.schedule import MatchaSchedule
 from gossip.transport import Message
@@ -53,10 +53,6 @@ class ChocoMatcha(Strategy):
         self.mine: dict[int, torch.Tensor] = {}  # j -> x̂_i^(j), our copy as j holds it
         self.theirs: dict[int, torch.Tensor] = {}  # j -> x̂_j^(i)
         self._tensor: tuple[int, torch.dtype] | None = None  # (numel, dtype) of every round
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
 
     @property
     def dropped(self) -> dict[int, int]:

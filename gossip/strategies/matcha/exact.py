@@ -37,10 +37,6 @@ class Matcha(Strategy):
         self.plan = self.schedule.plan
 
     @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
-
-    @property
     def dropped(self) -> dict[int, int]:
         return self.schedule.dropped
 

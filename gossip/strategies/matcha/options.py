@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gossip.options import at_least, in_unit_interval, option
-from gossip.strategies.gossip.compression import ChocoOptions
+from gossip.strategies.dpsgd.compression import ChocoOptions
 
 
 @dataclass(frozen=True)
-class MatchaOptions(ChocoOptions):
+class MatchaOptions(ChocoOptions, tag="matcha"):
     """Options of ``matcha``."""
 
     examples = ({"budget": 0.5}, {"budget": 1.0, "seed": 3},
@@ -20,4 +20,3 @@ class MatchaOptions(ChocoOptions):
                            check=in_unit_interval)
     seed: int = option(0, "seed of the activation schedule, the same on every peer",
                        check=at_least(0))
-    tag: str = option("matcha", "message kind, distinct per instance on one transport")

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gossip.errors import ConfigError
-from gossip.options import Options, at_least, in_unit_interval, option, positive
+from gossip.options import TaggedOptions, at_least, in_unit_interval, option, positive
 
 MODES = ("sync", "async", "ssp")
 
 
 @dataclass(frozen=True)
-class PSOptions(Options):
+class PSOptions(TaggedOptions, tag="ps"):
     """Options of ``ps``."""
 
     examples = ({"mode": "sync"}, {"mode": "ssp", "staleness": 1})
@@ -31,7 +31,6 @@ class PSOptions(Options):
                                        "W pushes move the model as far as one sync step)",
                                 check=positive)
     seed: int = option(0, "seed of the participation draws")
-    tag: str = option("ps", "message kind, distinct per instance on one transport")
 
     def __post_init__(self):
         super().__post_init__()

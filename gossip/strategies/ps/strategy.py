@@ -72,10 +72,6 @@ class ParameterServer(Strategy):
             self.workers if self.server is not None else ())
         transport.connect(sorted(partners - {rank}))  # so a death is noticed at once
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.options.tag,)
-
     # -- a worker's round --------------------------------------------------------------------
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:

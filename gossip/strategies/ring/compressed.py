@@ -59,10 +59,6 @@ class CompressedRingAllReduce(_Compressing):
         self.layout = RingLayout(rank, self.size, self.options.piece_bytes)
         self.right, self.left = self.layout.right, self.layout.left
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (f"{self.tag}.rs", f"{self.tag}.ag")
-
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
         if not x.is_floating_point():
@@ -148,10 +144,6 @@ class SharedRandomKRingAllReduce(_Compressing):
         self.ring = RingAllReduce(rank=rank, topology=topology, transport=transport,
                                   options=RingOptions(piece_bytes=self.options.piece_bytes,
                                                       tag=self.tag))
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return self.ring.kinds
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:

@@ -40,10 +40,6 @@ class RingAllReduce(Strategy):
         self.layout = RingLayout(rank, self.size, self.options.piece_bytes)
         self.right, self.left = self.layout.right, self.layout.left
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (f"{self.tag}.rs", f"{self.tag}.ag")
-
     @classmethod
     def traffic(cls, rank, size, numel, dtype, options):
         layout, itemsize = RingLayout(rank, size, options.piece_bytes), dtype.itemsize

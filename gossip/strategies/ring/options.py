@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from gossip.compress import Compressor
 from gossip.errors import ConfigError
-from gossip.options import Options, at_least, option
+from gossip.options import TaggedOptions, at_least, option
 
 
 @dataclass(frozen=True)
-class RingOptions(Options):
+class RingOptions(TaggedOptions, tag="ring", kinds=("rs", "ag")):
     """Options of ``ring-allreduce``."""
 
     examples = ({}, {"piece_bytes": 256}, {"compressor": "fp16"},
@@ -20,7 +20,6 @@ class RingOptions(Options):
     piece_bytes: int = option(64 << 20, "largest message, in bytes of the input: smaller "
                               "pieces pipeline, larger ones cost less per message",
                               check=at_least(64))
-    tag: str = option("ring", "message kind prefix, distinct per instance on one transport")
     compressor: Compressor | None = option(
         None, "a cast or quantizer summed on the way round, or randomk with the same "
               "indices on every peer (see `gossip compressors`)")

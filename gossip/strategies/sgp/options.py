@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gossip.options import Options, option
+from gossip.options import TaggedOptions, option
 from gossip.topology.directed import SCHEDULES
 
 #: Messages older than this many rounds are not kept by the transport (transport/pending.py).
@@ -12,7 +12,7 @@ MAX_OVERLAP = 15
 
 
 @dataclass(frozen=True)
-class SGPOptions(Options):
+class SGPOptions(TaggedOptions, tag="sgp"):
     """Options of ``sgp``."""
 
     examples = ({}, {"schedule": "graph"}, {"overlap": 1})
@@ -26,4 +26,3 @@ class SGPOptions(Options):
                              "messages tau steps old (0: each step waits for its senders)",
                           check=lambda t: None if 0 <= t <= MAX_OVERLAP
                           else f"must be in 0..{MAX_OVERLAP}")
-    tag: str = option("sgp", "message kind, distinct per instance on one transport")

@@ -44,10 +44,6 @@ class PushSum(Strategy):
         self.gone: set[int] = set()  # dead senders: their pushes never come
         transport.connect(self.graph.partners(rank))  # so a sender dying at once is noticed
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
-
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
         flat, dest = x.reshape(-1), self._output(x, out)

@@ -71,10 +71,6 @@ class GTopK(SparseStrategy):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
         self.residual_mode = self.options.residual_mode
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (f"{self.tag}.up", f"{self.tag}.down")
-
     @classmethod
     def traffic(cls, rank, size, numel, dtype, options):
         """Every set carries k entries (exact while none of them is 0; index bytes exact for

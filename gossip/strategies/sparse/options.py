@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gossip.options import Options, in_unit_interval, option
+from gossip.options import TaggedOptions, in_unit_interval, option
 
 INDEX_CODINGS = ("compact", "int32")
 RESIDUAL_MODES = ("conserve", "reference")
 
 
 @dataclass(frozen=True)
-class SparseOptions(Options):
+class SparseOptions(TaggedOptions, tag="sparse"):
     """Options shared by the sparse all-reduce strategies."""
 
     examples = ({"density": 0.3}, {"density": 1.0}, {"density": 0.2, "indices": "int32"},
@@ -20,26 +20,23 @@ class SparseOptions(Options):
     density: float = option(0.01, "fraction of entries kept, in (0, 1]; k = max(1, "
                                   "ceil(density * n))", check=in_unit_interval)
     error_feedback: bool = option(True, "add what a round left out to the next round's input")
-    tag: str = option("sparse", "message kind prefix, distinct per instance on one transport")
     indices: str = option("compact", "index wire encoding: the smallest of the compact codes, "
                                      "or plain int32 (cheaper to encode)",
                           choices=INDEX_CODINGS)
 
 
 @dataclass(frozen=True)
-class TopKAllGatherOptions(SparseOptions):
+class TopKAllGatherOptions(SparseOptions, tag="tkag"):
     """Options of ``topk-allgather``."""
 
-    tag: str = option("tkag", "message kind, distinct per instance on one transport")
 
 
 @dataclass(frozen=True)
-class GTopKOptions(SparseOptions):
+class GTopKOptions(SparseOptions, tag="gtopk", kinds=("up", "down")):
     """Options of ``gtopk``."""
 
     examples = SparseOptions.examples + ({"density": 0.3, "residual_mode": "reference"},)
 
-    tag: str = option("gtopk", "message kind prefix, distinct per instance on one transport")
     residual_mode: str = option("conserve", "what a merge drops: kept in the merging peer's "
                                             "residual (conserve), or the paper's rule "
                                             "(reference: loses mass for P >= 3)",
@@ -47,7 +44,6 @@ class GTopKOptions(SparseOptions):
 
 
 @dataclass(frozen=True)
-class SparDLOptions(SparseOptions):
+class SparDLOptions(SparseOptions, tag="spardl", kinds=("rs", "ag")):
     """Options of ``spardl``."""
 
-    tag: str = option("spardl", "message kind prefix, distinct per instance on one transport")

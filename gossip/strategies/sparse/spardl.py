@@ -77,10 +77,6 @@ class SparDL(SparseStrategy):
 
     options_class = SparDLOptions
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (f"{self.tag}.rs", f"{self.tag}.ag")
-
     @classmethod
     def traffic(cls, rank, size, numel, dtype, options):
         """Every block carries k_b entries (exact while no selected entry is 0; index bytes

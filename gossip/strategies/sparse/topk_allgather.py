@@ -22,10 +22,6 @@ class TopKAllGather(SparseStrategy):
 
     options_class = TopKAllGatherOptions
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
-
     @classmethod
     def traffic(cls, rank, size, numel, dtype, options):
         """Every set carries k entries (exact while none of them is 0; index bytes exact for

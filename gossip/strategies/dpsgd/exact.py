@@ -9,8 +9,8 @@ import torch
 
 from gossip.errors import PeerGone, RejoinError
 from gossip.strategies.base import Strategy
-from gossip.strategies.gossip.neighbourhood import Neighbourhood
-from gossip.strategies.gossip.options import DPSGDOptions
+from gossip.strategies.dpsgd.neighbourhood import Neighbourhood
+from gossip.strategies.dpsgd.options import DPSGDOptions
 from gossip.transport import Message
 
 
@@ -31,10 +31,6 @@ class DPSGD(Strategy):
         self.tag = self.options.tag
         self.mixing = Neighbourhood(topology, rank)
         transport.connect(self.mixing.neighbors)  # so a neighbour dying at once is noticed
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
 
     @property
     def neighbors(self) -> tuple[int, ...]:

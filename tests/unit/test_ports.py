@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
-from gossip import netutil
-from gossip.netutil import PortPicker, ephemeral_port_range, free_ports, port_pool
+from gossip import ports as ports_module
+from gossip.errors import TransportError
+from gossip.ports import PortPicker, ephemeral_port_range, free_ports, port_pool
 
 
 def held(port: int) -> socket.socket:
@@ -58,13 +59,13 @@ def test_the_cursor_wraps_around_and_an_exhausted_pool_is_named():
     picker = PortPicker([a, b, c], start=1)
     assert picker.take(2) == [b, c]
     assert picker.take(2) == [a, b]  # round again: the oldest first
-    with held(c), pytest.raises(OSError, match=f"only 2 of 3 ports free on 127.0.0.1 among 3 "
-                                               f"from {a} to {c}"):
+    exhausted = f"only 2 of 3 ports free on 127.0.0.1 among 3 from {a} to {c}"
+    with held(c), pytest.raises(TransportError, match=exhausted):
         picker.take(3)
 
 
 def test_the_pool_is_the_larger_side_outside_the_ephemeral_range():
-    assert port_pool((32_768, 60_999)) == range(netutil.FIRST_PORT, 32_768)  # Linux default
+    assert port_pool((32_768, 60_999)) == range(ports_module.FIRST_PORT, 32_768)  # Linux default
     assert port_pool((1_024, 20_000)) == range(20_001, 65_536)
     assert port_pool((1_024, 65_000)) is None  # no room: the kernel's choice it is
 
@@ -72,12 +73,12 @@ def test_the_pool_is_the_larger_side_outside_the_ephemeral_range():
 def test_the_kernel_range_is_read_or_defaults(tmp_path):
     (tmp_path / "range").write_text("32768\t60999\n")
     assert ephemeral_port_range(tmp_path / "range") == (32_768, 60_999)
-    assert ephemeral_port_range(tmp_path / "missing") == netutil.DEFAULT_EPHEMERAL
+    assert ephemeral_port_range(tmp_path / "missing") == ports_module.DEFAULT_EPHEMERAL
     (tmp_path / "range").write_text("garbage\n")
-    assert ephemeral_port_range(tmp_path / "range") == netutil.DEFAULT_EPHEMERAL
+    assert ephemeral_port_range(tmp_path / "range") == ports_module.DEFAULT_EPHEMERAL
 
 
 def test_without_a_pool_the_kernel_chooses_distinct_ports(monkeypatch):
-    monkeypatch.setattr(netutil, "_picker", None)
+    monkeypatch.setattr(ports_module, "_picker", None)
     ports = free_ports(5)
     assert len(set(ports)) == 5 and all(port > 0 for port in ports)

@@ -17,10 +17,10 @@ import torch
 from gossip.compress import Payload
 from gossip.errors import ConfigError, PeerGone, ProtocolError
 from gossip.strategies.base import Strategy
-from gossip.strategies.gossip.compression import default_gamma, shrink
-from gossip.strategies.gossip.neighbourhood import Neighbourhood
-from gossip.strategies.gossip.options import DPSGDOptions
-from gossip.strategies.gossip.public_copy import PublicCopy
+from gossip.strategies.dpsgd.compression import default_gamma, shrink
+from gossip.strategies.dpsgd.neighbourhood import Neighbourhood
+from gossip.strategies.dpsgd.options import DPSGDOptions
+from gossip.strategies.dpsgd.public_copy import PublicCopy
 from gossip.transport import Message
 
 
@@ -44,10 +44,6 @@ class ChocoGossip(Strategy):
         self.compressor = self.options.compressor
         self.gamma = self.options.gamma
         self._state: PublicCopy | None = None  # x̂_i, s_i and the buffers reused each round
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return (self.tag,)
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:

@@ -6,20 +6,19 @@ from dataclasses import dataclass
 
 from gossip.errors import ConfigError
 from gossip.options import option
-from gossip.strategies.gossip.compression import ChocoOptions
+from gossip.strategies.dpsgd.compression import ChocoOptions
 
 #: Staleness is bounded by what the transport keeps of rounds past (transport/pending.py).
 MAX_STALENESS = 15
 
 
 @dataclass(frozen=True)
-class DPSGDOptions(ChocoOptions):
+class DPSGDOptions(ChocoOptions, tag="gossip"):
     """Options of ``dpsgd``."""
 
     examples = ({}, {"compressor": "topk", "density": 0.3}, {"compressor": "qsgd"},
                 {"compressor": "sign", "gamma": 0.4}, {"staleness": 2})
 
-    tag: str = option("gossip", "message kind, distinct per instance on one transport")
     staleness: int = option(
         0, "bounded staleness s: mix each neighbour's newest model of rounds r-s..r, wait only "
            "when there is none (0: lockstep D-PSGD)",

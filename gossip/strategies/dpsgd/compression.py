@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from gossip.compress import Compressor, ErrorFeedback, MomentumCorrection
 from gossip.compress.wrappers import Clip, Wrapper
 from gossip.errors import ConfigError
-from gossip.options import Options, in_unit_interval, option
+from gossip.options import TaggedOptions, in_unit_interval, option
 
 
 @dataclass(frozen=True)
-class ChocoOptions(Options):
+class ChocoOptions(TaggedOptions):
     """The options of a gossip strategy that runs CHOCO when given a compressor."""
 
     compressor: Compressor | None = option(

@@ -1,12 +1,12 @@
-"""Gossip on the topology's static graph: exact D-PSGD (dpsgd.py), with bounded staleness
+"""Gossip on the topology's static graph: exact D-PSGD (exact.py), with bounded staleness
 (stale.py) and, with a compressor, CHOCO-Gossip (choco.py), sharing the neighbours' weights
 (neighbourhood.py)."""
 
 from gossip.strategies.base import STRATEGIES
-from gossip.strategies.gossip.choco import ChocoGossip
-from gossip.strategies.gossip.dpsgd import DPSGD
-from gossip.strategies.gossip.options import DPSGDOptions
-from gossip.strategies.gossip.stale import StaleDPSGD
+from gossip.strategies.dpsgd.choco import ChocoGossip
+from gossip.strategies.dpsgd.exact import DPSGD
+from gossip.strategies.dpsgd.options import DPSGDOptions
+from gossip.strategies.dpsgd.stale import StaleDPSGD
 
 __all__ = ["DPSGD", "ChocoGossip", "DPSGDOptions", "StaleDPSGD"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from gossip.strategies.gossip.dpsgd import DPSGD
+from gossip.strategies.dpsgd.exact import DPSGD
 from gossip.transport import Message
 from gossip.transport.windowed import latest_arrived, recv_latest
 

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+from gossip.errors import TransportError
+
 # Ports below this are the defaults of too many well-known services.
 FIRST_PORT = 10_000
 # A pool smaller than this (an ephemeral range that leaves little room) is not worth rotating.
@@ -52,7 +54,7 @@ class PortPicker:
         self._lock = threading.Lock()
 
     def take(self, count: int, host: str = "127.0.0.1") -> list[int]:
-        """``count`` distinct ports free on ``host`` now; OSError if the pool has fewer."""
+        """``count`` distinct ports free on ``host`` now; TransportError if the pool has fewer."""
         with self._lock, ExitStack() as stack:
             ports: list[int] = []
             for _ in range(len(self.pool)):
@@ -67,8 +69,9 @@ class PortPicker:
                     continue
                 ports.append(port)
             if len(ports) < count:
-                raise OSError(f"only {len(ports)} of {count} ports free on {host} among "
-                              f"{len(self.pool)} from {self.pool[0]} to {self.pool[-1]}")
+                raise TransportError(f"only {len(ports)} of {count} ports free on {host} among "
+                                     f"{len(self.pool)} from {self.pool[0]} to "
+                                     f"{self.pool[-1]}")
             return ports
 
 
