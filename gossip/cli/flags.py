@@ -18,12 +18,12 @@ TOLERATE_HELP = ("Exit 0 even if up to N peers died (the run exits non-zero when
                  "did not kill itself died).")  # launch's and simulate's --tolerate-deaths
 
 
-def field_flags() -> list:
-    """A click option per scalar TrainConfig field (``--batch-size`` for ``batch_size``);
+def field_flags(config: type[TrainConfig] = TrainConfig) -> list:
+    """A click option per scalar field of ``config`` (``--batch-size`` for ``batch_size``);
     unset, a flag keeps the config's value (its default shows in the help)."""
-    hints = typing.get_type_hints(TrainConfig)
+    hints = typing.get_type_hints(config)
     flags = []
-    for spec in dataclasses.fields(TrainConfig):
+    for spec in dataclasses.fields(config):
         kind = hints[spec.name]
         if kind is not bool and kind not in FLAG_TYPES:
             continue  # a mapping or section: --option, --task-option, the delay flags
