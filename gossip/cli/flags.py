@@ -1,6 +1,10 @@
 """The training flags `gossip peer`, `launch` and `simulate` share, and the TrainConfig they
 make: one flag per scalar ``TrainConfig`` field, its help and default from the field's
-declaration (gossip/config.py), so nothing is restated here."""
+declaration (gossip/config.py), so nothing is restated here.
+
+The flags are made when such a command first needs them (``TrainingCommand``): TrainConfig
+imports torch, which takes seconds that `gossip --help` and the other commands do without.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ import typing
 import click
 
 from gossip.cli.common import key_values
-from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 
 FLAG_TYPES = {int: int, float: float, str: str}
@@ -18,9 +21,12 @@ TOLERATE_HELP = ("Exit 0 even if up to N peers died (the run exits non-zero when
                  "did not kill itself died).")  # launch's and simulate's --tolerate-deaths
 
 
-def field_flags(config: type[TrainConfig] = TrainConfig) -> list:
-    """A click option per scalar field of ``config`` (``--batch-size`` for ``batch_size``);
-    unset, a flag keeps the config's value (its default shows in the help)."""
+def field_flags(config=None) -> list[click.Option]:
+    """A click option per scalar field of ``config`` (default: TrainConfig), ``--batch-size``
+    for ``batch_size``; unset, a flag keeps the config's value (its default shows in the
+    help)."""
+    if config is None:
+        from gossip.config import TrainConfig as config
     hints = typing.get_type_hints(config)
     flags = []
     for spec in dataclasses.fields(config):
@@ -30,7 +36,7 @@ def field_flags(config: type[TrainConfig] = TrainConfig) -> list:
         name = "--" + spec.name.replace("_", "-")
         decls = [f"{name}/--no-{name[2:]}"] if kind is bool else [name]
         shown = _shown(spec.default)
-        flags.append(click.option(*decls, spec.name, default=None,
+        flags.append(click.Option([*decls, spec.name], default=None,
                                   help=spec.metadata["doc"] + (f"  [default: {shown}]"
                                                                if shown else ""),
                                   type=None if kind is bool else FLAG_TYPES[kind]))
@@ -46,50 +52,64 @@ def _shown(default) -> str:
     return f"{default:g}" if isinstance(default, float) else str(default)
 
 
-OTHER_FLAGS = [
-    click.option("--option", "strategy_options", multiple=True, metavar="KEY=VALUE",
-                 help="Strategy option, repeatable (e.g. piece_bytes=1048576)."),
-    click.option("--compute-delay", type=float, metavar="SECONDS",
-                 help="Emulated compute time slept per mini-batch (a slower device)."),
-    click.option("--slowdown", multiple=True, metavar="RANK:FACTOR",
-                 help="Rank's mini-batches take FACTOR times as long, repeatable."),
-    click.option("--straggler-prob", type=float,
-                 help="Probability that a mini-batch is hit by a straggler delay."),
-    click.option("--straggler-mean", type=float, metavar="SECONDS",
-                 help="Mean of the (exponential) straggler delay."),
-    click.option("--send-delay", multiple=True, metavar="[RANK:]SECONDS",
-                 help="Sleep before every send: SECONDS for all ranks, or RANK:SECONDS, "
-                      "repeatable."),
-    click.option("--delay-seed", type=int, help="Seed of the straggler draws (default --seed)."),
-    click.option("--arbiter", metavar="ADDRESS",
-                 help="Share each peer's device with other jobs through this arbiter: "
-                      "ipc://PATH or tcp://HOST:PORT (`gossip arbiter`), flock:DIR, "
-                      "slices:DIR."),
-    click.option("--device", metavar="NAME",
-                 help="With --arbiter: the device, {rank} replaced by the rank "
-                      "(default dev{rank})."),
-    click.option("--job", metavar="NAME",
-                 help="With --arbiter: this job's name among those sharing the devices "
-                      "(turns go by name)."),
-    click.option("--config", "config_path", type=click.Path(dir_okay=False),
-                 help="YAML with training settings (a run directory's config.yaml)."),
-    click.option("--task-option", "task_options", multiple=True, metavar="KEY=VALUE",
-                 help="Task factory option, repeatable (e.g. width=1024, depth=8)."),
-]
+def other_flags() -> list[click.Option]:
+    """The training flags that are no TrainConfig field (strategy and task options, delays,
+    the shared device, the config file)."""
+    return [
+        click.Option(["--option", "strategy_options"], multiple=True, metavar="KEY=VALUE",
+                     help="Strategy option, repeatable (e.g. piece_bytes=1048576)."),
+        click.Option(["--compute-delay"], type=float, metavar="SECONDS",
+                     help="Emulated compute time slept per mini-batch (a slower device)."),
+        click.Option(["--slowdown"], multiple=True, metavar="RANK:FACTOR",
+                     help="Rank's mini-batches take FACTOR times as long, repeatable."),
+        click.Option(["--straggler-prob"], type=float,
+                     help="Probability that a mini-batch is hit by a straggler delay."),
+        click.Option(["--straggler-mean"], type=float, metavar="SECONDS",
+                     help="Mean of the (exponential) straggler delay."),
+        click.Option(["--send-delay"], multiple=True, metavar="[RANK:]SECONDS",
+                     help="Sleep before every send: SECONDS for all ranks, or RANK:SECONDS, "
+                          "repeatable."),
+        click.Option(["--delay-seed"], type=int,
+                     help="Seed of the straggler draws (default --seed)."),
+        click.Option(["--arbiter"], metavar="ADDRESS",
+                     help="Share each peer's device with other jobs through this arbiter: "
+                          "ipc://PATH or tcp://HOST:PORT (`gossip arbiter`), flock:DIR, "
+                          "slices:DIR."),
+        click.Option(["--device"], metavar="NAME",
+                     help="With --arbiter: the device, {rank} replaced by the rank "
+                          "(default dev{rank})."),
+        click.Option(["--job"], metavar="NAME",
+                     help="With --arbiter: this job's name among those sharing the devices "
+                          "(turns go by name)."),
+        click.Option(["--config", "config_path"], type=click.Path(dir_okay=False),
+                     help="YAML with training settings (a run directory's config.yaml)."),
+        click.Option(["--task-option", "task_options"], multiple=True, metavar="KEY=VALUE",
+                     help="Task factory option, repeatable (e.g. width=1024, depth=8)."),
+    ]
 
 
-def train_flags(fn):
-    """Decorator adding the training flags (the fields', then the others)."""
-    for option in reversed([*field_flags(), *OTHER_FLAGS]):
-        fn = option(fn)
-    return fn
+class TrainingCommand(click.Command):
+    """A command that also takes the training flags (``@main.command(cls=TrainingCommand)``):
+    the fields' flags, then the others, after the command's own."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.flags_made = False
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not self.flags_made:  # every use of the params (parsing, help) asks here first
+            self.params.extend([*field_flags(), *other_flags()])
+            self.flags_made = True
+        return super().get_params(ctx)
 
 
 def train_config(config_path, strategy_options, *, compute_delay=None, slowdown=(),
                  straggler_prob=None, straggler_mean=None, send_delay=(), delay_seed=None,
-                 arbiter=None, device=None, job=None, task_options=(), **flags) -> TrainConfig:
+                 arbiter=None, device=None, job=None, task_options=(), **flags):
     """The TrainConfig of the training flags: ``--config``'s file (if any), each flag given
     on top. ``arbiter``, ``device`` and ``job`` are read by the caller (the shared device)."""
+    from gossip.config import TrainConfig
+
     base = TrainConfig.from_yaml(config_path).to_dict() if config_path else {}
     base.update({k: v for k, v in flags.items() if v is not None})
     delays = dict(base.get("delays") or {})

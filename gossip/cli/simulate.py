@@ -10,7 +10,7 @@ import click
 from gossip.cli.common import (DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology,
                                main)
 from gossip.cli.summary import run_summary
-from gossip.cli.flags import TOLERATE_HELP, rank_values, train_config, train_flags
+from gossip.cli.flags import TOLERATE_HELP, rank_values, TrainingCommand, train_config
 from gossip.errors import ConfigError
 
 
@@ -29,7 +29,7 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
     return rate, per_rank
 
 
-@main.command()
+@main.command(cls=TrainingCommand)
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False),
               help="Topology YAML (only its graph matters here).")
 @click.option("--peers", type=int,
@@ -67,7 +67,6 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
               help="Replay the strategy's messages as sizes, without payloads or math (for "
                    "10^4 peers; writes sizes.json, no peer records).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@train_flags
 @fail_cleanly
 def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency, sharing,
              message_cost, byte_cost, compute_model, kills, tolerate_deaths, probe, sizes_only,

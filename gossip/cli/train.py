@@ -12,12 +12,12 @@ from pathlib import Path
 import click
 
 from gossip.cli.common import DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology, main
-from gossip.cli.flags import TOLERATE_HELP, train_config, train_flags
+from gossip.cli.flags import TOLERATE_HELP, TrainingCommand, train_config
 from gossip.errors import ConfigError, GossipError
 from gossip.rendezvous.launchers import RANK_ENV
 
 
-@main.command()
+@main.command(cls=TrainingCommand)
 @click.option("--rank", type=int, help=f"This peer's rank (default: ${' / $'.join(RANK_ENV)}).")
 @click.option("--topology", "topology_path", required=True, type=click.Path(dir_okay=False),
               help="Topology YAML naming every peer's host and port (with --rendezvous: "
@@ -41,7 +41,6 @@ from gossip.rendezvous.launchers import RANK_ENV
 @click.option("--resume", is_flag=True,
               help="Restart this peer from its last checkpoint and rejoin the running peers "
                    "(dpsgd, matcha).")
-@train_flags
 @fail_cleanly
 def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_file,
          checkpoint_dir, resume, config_path, strategy_options, **flags):
@@ -118,7 +117,7 @@ def _device(shared, rank: int, node, timeout: float):
         yield functools.partial(DeviceTrainer, device=lock)
 
 
-@main.command()
+@main.command(cls=TrainingCommand)
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False),
               help="Topology YAML (default: a ring of --peers on 127.0.0.1, free ports).")
 @click.option("--peers", type=int,
@@ -145,7 +144,6 @@ def _device(shared, rank: int, node, timeout: float):
                    "--run-dir, --topology and --config).")
 @click.option("--tolerate-deaths", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="N", help=TOLERATE_HELP)
-@train_flags
 @fail_cleanly
 def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key_dir,
            checkpoint_dir, resume, tolerate_deaths, config_path, strategy_options, **flags):

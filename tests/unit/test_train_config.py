@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -17,18 +21,14 @@ from gossip.errors import ConfigError
 from gossip.matrix import check_run
 from gossip.strategies import STRATEGIES, option
 
+ROOT = Path(__file__).resolve().parents[2]
 DPSGDOptions = STRATEGIES.entry("dpsgd").options
 SCALARS = [f for f in dataclasses.fields(TrainConfig)
            if f.name not in ("options", "task_options", "delays")]
 
 
-def help_of(*flags) -> str:
-    @click.command()
-    def command(**_):
-        pass
-
-    for flag in flags:
-        command = flag(command)
+def help_of(flags) -> str:
+    command = click.Command("command", params=flags, callback=lambda **_: None)
     return " ".join(CliRunner().invoke(command, ["--help"], terminal_width=1000).output.split())
 
 
@@ -55,7 +55,7 @@ def test_a_default_changed_in_its_declaration_reaches_the_flags_and_the_config()
 
     assert Changed().dead_after == 7.5
     assert "--dead-after FLOAT Seconds until a broken peer is dead. [default: 7.5]" in \
-        help_of(*field_flags(Changed))
+        help_of(field_flags(Changed))
 
 
 def test_peer_and_the_config_share_each_default():
@@ -65,6 +65,13 @@ def test_peer_and_the_config_share_each_default():
     assert peer["timeout"].default == config.timeout
     assert peer["dead_after"].default == config.dead_after
     assert attach["bucket_mb"].default == config.bucket_mb
+
+
+def test_the_cli_starts_without_the_training_stack():
+    """`gossip --help` and the commands without training flags do not pay torch's import."""
+    code = "import sys, gossip.cli; assert 'torch' not in sys.modules, 'torch'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_unset_flags_keep_the_config_file(tmp_path):
