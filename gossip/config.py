@@ -12,19 +12,20 @@ import yaml
 
 from gossip.errors import ConfigError
 from gossip.faults import DelayConfig
+from gossip.matrix import check_run
 from gossip.overlap import DEFAULT_BUCKET_MB
+from gossip.strategies import DEFAULT, STRATEGIES
 from gossip.strategies.options import Check, Options, at_least, option
+from gossip.tasks import SCHEMES, task_factory
 from gossip.transport import DEAD_AFTER_S, TIMEOUT_S
 
 
-def rule(allowed: Callable[[Any], bool], why: str) -> Check:
+def _rule(allowed: Callable[[Any], bool], why: str) -> Check:
     """A check refusing, with ``why``, the values ``allowed`` is false for."""
     return lambda value: None if allowed(value) else why
 
 
 def _scheme(value: str) -> str | None:
-    from gossip.tasks import SCHEMES
-
     return None if value in SCHEMES else f"must be one of {', '.join(SCHEMES)}"
 
 
@@ -51,28 +52,28 @@ class TrainConfig(Options):
            "early).", check=at_least(1))
     lr: float = option(0.1, "SGD learning rate (0: no training step, the peers only mix "
                             "their models: pure gossip).",
-                       check=rule(lambda v: v >= 0, "must be >= 0 (0: pure gossip)"))
+                       check=_rule(lambda v: v >= 0, "must be >= 0 (0: pure gossip)"))
     momentum: float = option(0.9, "SGD momentum (local to each peer).",
-                             check=rule(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+                             check=_rule(lambda v: 0 <= v < 1, "must be in [0, 1)"))
     partition: str = option("iid", "Data split over peers: iid or dirichlet.", check=_scheme)
     alpha: float = option(0.5, "Dirichlet concentration (smaller is more skewed).",
-                          check=rule(lambda v: v > 0, "must be > 0"))
+                          check=_rule(lambda v: v > 0, "must be > 0"))
     seed: int = option(0, "Seeds data split, model init and batches; equal on all peers.")
     eval_every: int = option(25, "Rounds between consensus measurements (and at the last "
                                  "round).", check=at_least(1))
     timeout: float = option(
         TIMEOUT_S, "Seconds to wait for a peer's message (ps and adpsgd wait as long as the "
                    "peer is alive: until this long without a message or a heartbeat).",
-        check=rule(lambda v: v > 0, "must be > 0"))
+        check=_rule(lambda v: v > 0, "must be > 0"))
     dead_after: float = option(
         DEAD_AFTER_S, "Declare a peer dead once its connection stayed broken this many seconds "
                       "(gossip drops it, all-reduce stops naming it); keep it below timeout.",
-        check=rule(lambda v: v > 0, "must be > 0"))
+        check=_rule(lambda v: v > 0, "must be > 0"))
     checkpoint_every: int = option(
         0, "Write each peer's checkpoint every this many rounds (0: never); a peer restarted "
            "with `gossip peer --resume` rejoins from it (every peer then keeps its last "
            "messages per neighbour to re-send them).",
-        check=rule(lambda v: v >= 0, "must be >= 0 (0: no checkpoints)"))
+        check=_rule(lambda v: v >= 0, "must be >= 0 (0: no checkpoints)"))
     delays: DelayConfig = option(DelayConfig(), "Injected compute, straggler and send delays "
                                                 "(gossip.faults).")
     task_options: Mapping[str, Any] = option({}, "Keyword arguments of the task's factory "
@@ -80,32 +81,29 @@ class TrainConfig(Options):
     layer_delay: float = option(
         0.0, "Emulated device: each layer sleeps this many seconds in forward, twice in "
              "backward (gossip.tasks.emulated); 0: off.",
-        check=rule(lambda v: v >= 0, "must be >= 0"))
+        check=_rule(lambda v: v >= 0, "must be >= 0"))
     overlap: bool = option(False, "Overlap synchronization with forward/backward "
                                   "(Peer.attach).")
     bucket_mb: float = option(DEFAULT_BUCKET_MB, "With overlap: gradient bucket size in MiB "
                                                  "(.inf: one bucket).",
-                              check=rule(lambda v: v > 0, "must be > 0 (MiB)"))
+                              check=_rule(lambda v: v > 0, "must be > 0 (MiB)"))
     budget_samples: int = option(
         0, "Asynchronous strategies: a peer also stops after this many samples (0: no limit; "
-           "rounds always bounds it).", check=rule(lambda v: v >= 0, "must be >= 0 (0: no limit)"))
+           "rounds always bounds it).", check=_rule(lambda v: v >= 0, "must be >= 0 (0: no limit)"))
     budget_seconds: float = option(
         0.0, "Asynchronous strategies: a peer also stops after this many seconds of training "
-             "(0: no limit).", check=rule(lambda v: v >= 0, "must be >= 0 (0: no limit)"))
+             "(0: no limit).", check=_rule(lambda v: v >= 0, "must be >= 0 (0: no limit)"))
     snapshot_seconds: float = option(
         2.0, "Asynchronous strategies: each peer saves its model every this many seconds of "
              "wall clock, for the consensus (gossip.snapshots); 0: no snapshots.",
-        check=rule(lambda v: v >= 0, "must be >= 0 (0: no snapshots)"))
+        check=_rule(lambda v: v >= 0, "must be >= 0 (0: no snapshots)"))
 
     @classmethod
     def refusal(cls, name: str, value: Any, why: str) -> ConfigError:
+        """Errors as a run's config writes them: ``rounds: 0 must be >= 1``."""
         return ConfigError(f"{name}: {value!r} {why}")
 
     def __post_init__(self):
-        from gossip.matrix import check_run
-        from gossip.strategies import DEFAULT, STRATEGIES
-        from gossip.tasks import task_factory
-
         super().__post_init__()  # every field's type and check
         if not self.strategy:
             object.__setattr__(self, "strategy", DEFAULT)
