@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,122 +12,114 @@ import yaml
 
 from gossip.errors import ConfigError
 from gossip.faults import DelayConfig
+from gossip.matrix import check_run
+from gossip.overlap import DEFAULT_BUCKET_MB
+from gossip.strategies import DEFAULT, STRATEGIES
+from gossip.options import Check, Options, at_least, option
+from gossip.tasks import SCHEMES, task_factory
+from gossip.transport import DEAD_AFTER_S, TIMEOUT_S
+
+
+def _rule(allowed: Callable[[Any], bool], why: str) -> Check:
+    """A check refusing, with ``why``, the values ``allowed`` is false for."""
+    return lambda value: None if allowed(value) else why
+
+
+def _scheme(value: str) -> str | None:
+    return None if value in SCHEMES else f"must be one of {', '.join(SCHEMES)}"
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Options):
     """What every peer of a run trains and how it synchronizes.
 
-    Attributes:
-        strategy: Registered strategy name.
-        options: Strategy options (e.g. ``piece_bytes``).
-        task: Registered task name (data + model).
-        rounds: Optimizer steps per peer; each one synchronizes once.
-        batch_size: Samples per local step (per peer and round).
-        minibatches: The batch is computed as this many equal mini-batches whose gradients
-            are accumulated (the same step as one batch); delays are injected per
-            mini-batch, and the ``nonblocking`` strategy may stop a round early.
-        lr: SGD learning rate; 0: no training step, the peers only mix their models
-            (pure gossip, e.g. to measure how fast they reach consensus).
-        momentum: SGD momentum (local to each peer).
-        partition: ``iid`` or ``dirichlet`` split of the training data over peers.
-        alpha: Dirichlet concentration (smaller is more skewed).
-        seed: Seeds data split, model init and batches; equal on all peers.
-        eval_every: Rounds between consensus measurements (and at the last round).
-        timeout: Seconds to wait for any one message before giving up on a peer (a lockstep
-            round's receive); waits that serve (ps, adpsgd) give up only after this long
-            without a message or a heartbeat, so a busy peer is waited for.
-        dead_after: Seconds a peer's connection may stay broken before the peer is declared
-            dead (gossip drops it, all-reduce stops naming it); keep it below ``timeout``.
-        checkpoint_every: Write this peer's checkpoint every this many rounds (0: never); a
-            peer restarted with ``--resume`` rejoins from it. Also makes every peer keep its
-            last few messages per neighbour, to re-send them to a restarted one.
-        delays: Injected compute, straggler and send delays (see gossip.faults).
-        task_options: Keyword arguments of the task's factory (e.g. ``width``, ``depth`` of
-            ``deep-mlp``).
-        layer_delay: Emulated device: seconds each layer of the model sleeps in forward
-            (twice that in backward), spread over the layers the way a GPU's compute is
-            (``gossip.tasks.emulated``); 0: off.
-        overlap: Overlap synchronization with computation (``Peer.attach``).
-        bucket_mb: With ``overlap``: gradient bucket size in MiB (``.inf``: one bucket).
-        budget_samples: An asynchronous strategy's peer also stops once it has trained on
-            this many samples (0: no such limit; ``rounds`` always bounds it).
-        budget_seconds: ... or once this many seconds of training have passed (0: none).
-        snapshot_seconds: An asynchronous strategy's peers save their model every this many
-            seconds of wall clock (and at the end) in the run directory's ``snapshots``, the
-            consensus is measured from (gossip.training.snapshots); 0: no snapshots.
+    Each field is declared once, with its default, doc and check (``describe()`` lists
+    them); `gossip peer`, `launch` and `simulate` generate their flags from the scalar ones
+    (gossip/cli/flags.py). The strategy and its options are parsed once, into ``spec``.
     """
 
-    strategy: str = ""  # empty: the default strategy (gossip.strategies.DEFAULT)
-    options: Mapping[str, Any] = field(default_factory=dict)
-    task: str = "digits"
-    rounds: int = 300
-    batch_size: int = 32
-    minibatches: int = 1
-    lr: float = 0.1
-    momentum: float = 0.9
-    partition: str = "iid"
-    alpha: float = 0.5
-    seed: int = 0
-    eval_every: int = 25
-    timeout: float = 60.0
-    dead_after: float = 5.0
-    checkpoint_every: int = 0
-    delays: DelayConfig = field(default_factory=DelayConfig)
-    task_options: Mapping[str, Any] = field(default_factory=dict)
-    layer_delay: float = 0.0
-    overlap: bool = False
-    bucket_mb: float = 4.0
-    budget_samples: int = 0
-    budget_seconds: float = 0.0
-    snapshot_seconds: float = 2.0
+    strategy: str = option("", "Synchronization strategy, e.g. dpsgd, ring-allreduce "
+                               "(empty: the default one).")
+    options: Mapping[str, Any] = option({}, "Strategy options (e.g. piece_bytes).")
+    task: str = option("digits", "Task: digits, deep-mlp, or package.module:factory.")
+    rounds: int = option(300, "Optimizer steps per peer; each one synchronizes once.",
+                         check=at_least(1))
+    batch_size: int = option(32, "Samples per local step (per peer and round).",
+                             check=at_least(1))
+    minibatches: int = option(
+        1, "Split each batch into this many equal mini-batches whose gradients are "
+           "accumulated (delays are injected per mini-batch; nonblocking may stop a round "
+           "early).", check=at_least(1))
+    lr: float = option(0.1, "SGD learning rate (0: no training step, the peers only mix "
+                            "their models: pure gossip).",
+                       check=_rule(lambda v: v >= 0, "must be >= 0 (0: pure gossip)"))
+    momentum: float = option(0.9, "SGD momentum (local to each peer).",
+                             check=_rule(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    partition: str = option("iid", "Data split over peers: iid or dirichlet.", check=_scheme)
+    alpha: float = option(0.5, "Dirichlet concentration (smaller is more skewed).",
+                          check=_rule(lambda v: v > 0, "must be > 0"))
+    seed: int = option(0, "Seeds data split, model init and batches; equal on all peers.")
+    eval_every: int = option(25, "Rounds between consensus measurements (and at the last "
+                                 "round).", check=at_least(1))
+    timeout: float = option(
+        TIMEOUT_S, "Seconds to wait for a peer's message (ps and adpsgd wait as long as the "
+                   "peer is alive: until this long without a message or a heartbeat).",
+        check=_rule(lambda v: v > 0, "must be > 0"))
+    dead_after: float = option(
+        DEAD_AFTER_S, "Declare a peer dead once its connection stayed broken this many seconds "
+                      "(gossip drops it, all-reduce stops naming it); keep it below timeout.",
+        check=_rule(lambda v: v > 0, "must be > 0"))
+    checkpoint_every: int = option(
+        0, "Write each peer's checkpoint every this many rounds (0: never); a peer restarted "
+           "with `gossip peer --resume` rejoins from it (every peer then keeps its last "
+           "messages per neighbour to re-send them).",
+        check=_rule(lambda v: v >= 0, "must be >= 0 (0: no checkpoints)"))
+    delays: DelayConfig = option(DelayConfig(), "Injected compute, straggler and send delays "
+                                                "(gossip.faults).")
+    task_options: Mapping[str, Any] = option({}, "Keyword arguments of the task's factory "
+                                                 "(e.g. width, depth of deep-mlp).")
+    layer_delay: float = option(
+        0.0, "Emulated device: each layer sleeps this many seconds in forward, twice in "
+             "backward (gossip.tasks.emulated); 0: off.",
+        check=_rule(lambda v: v >= 0, "must be >= 0"))
+    overlap: bool = option(False, "Overlap synchronization with forward/backward "
+                                  "(Peer.attach).")
+    bucket_mb: float = option(DEFAULT_BUCKET_MB, "With overlap: gradient bucket size in MiB "
+                                                 "(.inf: one bucket).",
+                              check=_rule(lambda v: v > 0, "must be > 0 (MiB)"))
+    budget_samples: int = option(
+        0, "Asynchronous strategies: a peer also stops after this many samples (0: no limit; "
+           "rounds always bounds it).", check=_rule(lambda v: v >= 0, "must be >= 0 (0: no limit)"))
+    budget_seconds: float = option(
+        0.0, "Asynchronous strategies: a peer also stops after this many seconds of training "
+             "(0: no limit).", check=_rule(lambda v: v >= 0, "must be >= 0 (0: no limit)"))
+    snapshot_seconds: float = option(
+        2.0, "Asynchronous strategies: each peer saves its model every this many seconds of "
+             "wall clock, for the consensus (gossip.snapshots); 0: no snapshots.",
+        check=_rule(lambda v: v >= 0, "must be >= 0 (0: no snapshots)"))
+
+    @classmethod
+    def refusal(cls, name: str, value: Any, why: str) -> ConfigError:
+        """Errors as a run's config writes them: ``rounds: 0 must be >= 1``."""
+        return ConfigError(f"{name}: {value!r} {why}")
 
     def __post_init__(self):
-        from gossip.matrix import check_run
-        from gossip.strategies import DEFAULT, STRATEGIES
-        from gossip.tasks import SCHEMES, task_factory
-
+        super().__post_init__()  # every field's type and check
         if not self.strategy:
             object.__setattr__(self, "strategy", DEFAULT)
-        STRATEGIES.options(self.strategy, self.options)  # the name and every option checked
+        # The name and every option checked, once: everything downstream uses the spec.
+        object.__setattr__(self, "spec", STRATEGIES.resolve(self.strategy, self.options))
         task_factory(self.task)
-        _require(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
-        _require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
-        _require(self.minibatches >= 1, "minibatches", self.minibatches, "must be >= 1")
-        _require(self.batch_size % self.minibatches == 0, "batch_size", self.batch_size,
-                 f"must be a multiple of minibatches ({self.minibatches})")
-        _require(self.lr >= 0, "lr", self.lr, "must be >= 0 (0: pure gossip)")
-        _require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
-        _require(self.partition in SCHEMES, "partition", self.partition,
-                 f"must be one of {', '.join(SCHEMES)}")
-        _require(self.alpha > 0, "alpha", self.alpha, "must be > 0")
-        _require(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
-        _require(self.timeout > 0, "timeout", self.timeout, "must be > 0")
-        _require(self.dead_after > 0, "dead_after", self.dead_after, "must be > 0")
-        _require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every,
-                 "must be >= 0 (0: no checkpoints)")
-        _require(isinstance(self.delays, DelayConfig), "delays", self.delays,
-                 "must be a DelayConfig")
-        _require(isinstance(self.task_options, Mapping), "task_options", self.task_options,
-                 "must be a mapping")
-        _require(self.layer_delay >= 0, "layer_delay", self.layer_delay, "must be >= 0")
-        _require(isinstance(self.overlap, bool), "overlap", self.overlap, "must be true or false")
-        _require(self.bucket_mb > 0, "bucket_mb", self.bucket_mb, "must be > 0 (MiB)")
-        _require(self.budget_samples >= 0, "budget_samples", self.budget_samples,
-                 "must be >= 0 (0: no limit)")
-        _require(self.budget_seconds >= 0, "budget_seconds", self.budget_seconds,
-                 "must be >= 0 (0: no limit)")
-        _require(self.snapshot_seconds >= 0, "snapshot_seconds", self.snapshot_seconds,
-                 "must be >= 0 (0: no snapshots)")
+        if self.batch_size % self.minibatches:
+            raise self.refusal("batch_size", self.batch_size,
+                               f"must be a multiple of minibatches ({self.minibatches})")
         check_run(self)  # overlap, budgets and checkpoints against the strategy
 
     @property
     def asynchronous(self) -> bool:
         """Whether the strategy runs without lockstep rounds: each peer counts its own steps
         (``Strategy.synchronous`` false)."""
-        from gossip.matrix import capabilities
-
-        return not capabilities(self.strategy, self.options)["synchronous"]
+        return not self.spec.capabilities()["synchronous"]
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -179,7 +171,3 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
 
-
-def _require(ok: bool, name: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}: {value!r} {rule}")

@@ -18,7 +18,6 @@ from typing import Any
 
 from gossip.errors import ConfigError
 from gossip.strategies import STRATEGIES
-from gossip.strategies.registry import parse_options
 from gossip.strategies.wrapping import wrapped
 
 Capabilities = Mapping[str, Any]
@@ -123,15 +122,9 @@ def feature(name: str) -> Feature:
 
 
 def capabilities(strategy, options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-    """What ``strategy`` (a registered name or a Strategy class, with ``options``) can do;
-    None for a factory, which is built only later."""
-    if isinstance(strategy, str):
-        parsed = STRATEGIES.options(strategy, options)
-        return STRATEGIES.strategy_class(strategy, parsed).capabilities_for(parsed)
-    if isinstance(strategy, type) and hasattr(strategy, "capabilities_for"):
-        parsed = parse_options(strategy.options_class, options, strategy=strategy.__name__)
-        return strategy.capabilities_for(parsed)
-    return None
+    """What ``strategy`` (a registered name, a Strategy class with ``options``, or a spec
+    ``STRATEGIES.resolve`` returned) can do; None for a factory, which is built only later."""
+    return STRATEGIES.resolve(strategy, options).capabilities()
 
 
 def label(strategy, options: Mapping[str, Any] | None = None) -> str:
@@ -152,15 +145,15 @@ def check(strategy, options: Mapping[str, Any] | None, modes: Iterable[str]) -> 
     for (refused, within), why in CONFLICTS.items():
         if refused in modes and within in modes:
             raise ConfigError(f"{feature(refused).flag}: {why}")
-    held = capabilities(strategy, options)
+    spec = STRATEGIES.resolve(strategy, options)
+    held = spec.capabilities()
     if held is None:
         return
     for mode in modes:
         one = feature(mode)
         why = one.needs(held)
         if why:
-            name = strategy if isinstance(strategy, str) else strategy.__name__
-            raise ConfigError(f"{one.flag} with strategy {name}: {why}")
+            raise ConfigError(f"{one.flag} with strategy {spec.name}: {why}")
 
 
 def run_modes(config, topology=None, **more: bool) -> set[str]:
@@ -185,7 +178,7 @@ def topology_modes(topology) -> set[str]:
 
 def check_run(config, topology=None, **more: bool) -> None:
     """``check`` for a run of ``config`` on ``topology`` (see ``run_modes``)."""
-    check(config.strategy, config.options, run_modes(config, topology, **more))
+    check(config.spec, None, run_modes(config, topology, **more))
 
 
 # -- the table ---------------------------------------------------------------------------

@@ -17,6 +17,8 @@ Wrappers nest their inner strategy's options (``NonBlockingOptions.inner_options
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import numbers
 import types
@@ -40,9 +42,13 @@ def option(default: Any, doc: str, *, choices: tuple | list | None = None,
         choices: The values allowed, if a few.
         check: ``check(value)`` returns why a value is not allowed (e.g. ``"must be >= 64"``),
             or None when it is.
+
+    A mutable default (a dict) is copied for each object.
     """
-    return field(default=default, metadata={"doc": doc, "choices": tuple(choices or ()),
-                                            "check": check})
+    metadata = {"doc": doc, "choices": tuple(choices or ()), "check": check}
+    if type(default).__hash__ is None:  # dataclasses refuse a shared mutable default
+        return field(default_factory=functools.partial(copy.copy, default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -60,16 +66,19 @@ class Options:
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))
         for spec in fields(self):
-            value = _coerce(spec.name, getattr(self, spec.name), hints[spec.name])
-            choices = spec.metadata.get("choices")
-            if choices and value not in choices:
-                raise ConfigError(f"{spec.name} must be one of {', '.join(map(str, choices))}, "
-                                  f"got {value!r}")
-            check = spec.metadata.get("check")
-            why = check(value) if check is not None and value is not None else None
+            value = getattr(self, spec.name)
+            why = _wrong(value, hints[spec.name])
+            if not why:
+                value = _coerce(value, hints[spec.name])
+                why = _refused(spec, value)
             if why:
-                raise ConfigError(f"{spec.name} {why}, got {value!r}")
+                raise self.refusal(spec.name, value, why)
             object.__setattr__(self, spec.name, value)
+
+    @classmethod
+    def refusal(cls, name: str, value: Any, why: str) -> ConfigError:
+        """The error for option ``name`` refusing ``value`` because ``why`` (one line)."""
+        return ConfigError(f"{name} {why}, got {value!r}")
 
     @classmethod
     def names(cls) -> list[str]:
@@ -140,26 +149,48 @@ def positive(value: float) -> str | None:
     return None if 0 < value < math.inf else "must be a positive finite number"
 
 
+def _refused(spec, value: Any) -> str | None:
+    """Why the field ``spec`` refuses ``value`` (its choices, its check); None: allowed."""
+    choices = spec.metadata.get("choices")
+    if choices and value not in choices:
+        return f"must be one of {', '.join(map(str, choices))}"
+    check = spec.metadata.get("check")
+    return check(value) if check is not None and value is not None else None
+
+
 # -- type coercion from annotations -----------------------------------------------------------
 
 
-def _coerce(name: str, value: Any, hint: Any) -> Any:
-    """``value`` as the annotation ``hint`` wants it (an int where a float is wanted becomes
-    a float); ConfigError if it is of another type."""
+def _wrong(value: Any, hint: Any) -> str | None:
+    """Why ``value`` is not of the annotation ``hint``'s type (None: it is; an int where a
+    float is wanted is)."""
+    if hint is Any or _match(value, hint) is not None:
+        return None
+    wanted = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+    args = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)]
+    described = " or ".join(wanted.get(typing.get_origin(a) or a,
+                                       getattr(typing.get_origin(a) or a, "__name__", str(a)))
+                            for a in args)
+    return f"must be {described}"
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """``value`` as ``hint`` wants it (after ``_wrong`` found it fits)."""
     if hint is Any:
         return value
+    candidate = _match(value, hint)
+    return value if candidate is type(None) else _convert(value, candidate)
+
+
+def _match(value: Any, hint: Any) -> Any:
+    """The type of ``hint`` (one of a union's) ``value`` fits; None if none."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         allowed = typing.get_args(hint)
         if value is None and type(None) in allowed:
-            return None
-        for candidate in allowed:
-            if candidate is not type(None) and _fits(value, candidate):
-                return _convert(value, candidate)
-        raise _wrong(name, value, hint)
-    if not _fits(value, hint):
-        raise _wrong(name, value, hint)
-    return _convert(value, hint)
+            return type(None)
+        return next((c for c in allowed if c is not type(None) and _fits(value, c)), None)
+    return hint if _fits(value, hint) else None
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -180,12 +211,3 @@ def _convert(value: Any, hint: Any) -> Any:
     if origin is int:
         return int(value)
     return value
-
-
-def _wrong(name: str, value: Any, hint: Any) -> ConfigError:
-    wanted = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
-    args = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)]
-    described = " or ".join(wanted.get(typing.get_origin(a) or a,
-                                       getattr(typing.get_origin(a) or a, "__name__", str(a)))
-                            for a in args)
-    return ConfigError(f"{name} must be {described}, got {value!r}")

@@ -12,14 +12,13 @@ from gossip import keys
 from gossip.device import HostStaging
 from gossip.errors import ConfigError, PeerNotOpen, TransportBusy
 from gossip.matrix import check, topology_modes
-from gossip.overlap import DEFAULT_BUCKET_MB
+from gossip.overlap import DEFAULT_BUCKET_MB, DEFAULT_FIRST_BUCKET_MB
 from gossip.rendezvous import Rendezvous
 from gossip.rendezvous.meet import meet, transport_args
 from gossip.stepping import LocalStep, Stepper
 from gossip.strategies import DEFAULT, STRATEGIES, Strategy
 from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
-from gossip.transport import Transport, ZmqTransport
-from gossip.transport.zmq import DEAD_AFTER_S
+from gossip.transport import DEAD_AFTER_S, TIMEOUT_S, Transport, ZmqTransport
 
 NOTICE_FLUSH_S = 1.0  # see __exit__
 
@@ -34,8 +33,8 @@ class Peer:
         rank: This peer's rank in ``topology``.
         topology: A ``gossip.Topology`` naming every peer's address and the graph.
         strategy: A registered strategy's name (``gossip strategies`` lists them and their
-            options), a Strategy class of your own, or a factory ``(*, rank, topology,
-            transport) -> Strategy``.
+            options), a Strategy class of your own, a factory ``(*, rank, topology,
+            transport) -> Strategy``, or a ``STRATEGIES.resolve`` spec (``TrainConfig.spec``).
         timeout: Seconds to wait for any one message before raising PeerTimeout.
         transport: A transport to use instead of ZeroMQ (e.g. loopback in tests); the Peer
             takes ownership and closes it.
@@ -65,17 +64,17 @@ class Peer:
             wrong secret key for a topology with keys.
     """
 
-    def __init__(self, rank: int, topology, strategy=DEFAULT, *, timeout: float = 60.0,
+    def __init__(self, rank: int, topology, strategy=DEFAULT, *, timeout: float = TIMEOUT_S,
                  transport: Transport | None = None, local_ipc: bool = True,
                  key_file: str | Path | None = None, dead_after: float = DEAD_AFTER_S,
                  keep_for_rejoin: bool = False, send_delay: float = 0.0,
                  comm_threads: int | None = None, rendezvous=None, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
-        # The strategy's builder, options and matrix checked now (overlap builds one more
-        # strategy per bucket from it).
+        # The strategy's options parsed once, here, and the matrix checked now (overlap
+        # builds one more strategy per bucket from this spec).
         self.builder = STRATEGIES.resolve(strategy, options)
-        check(strategy, options, topology_modes(topology))
+        check(self.builder, None, topology_modes(topology))
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         if dead_after <= 0:
@@ -274,7 +273,7 @@ class Peer:
     # -- overlap ---------------------------------------------------------------------------
 
     def attach(self, model: torch.nn.Module, *, bucket_mb: float = DEFAULT_BUCKET_MB,
-               first_bucket_mb: float = 1.0) -> None:
+               first_bucket_mb: float = DEFAULT_FIRST_BUCKET_MB) -> None:
         """Overlap ``model``'s synchronization with its computation from now on; then train
         as usual (``loss.backward(); peer.step(model, optimizer)``).
 

@@ -10,7 +10,7 @@ import click
 from gossip.cli.common import (DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology,
                                main)
 from gossip.cli.summary import run_summary
-from gossip.cli.train import TOLERATE_HELP, _rank_values, _train_config, _train_options
+from gossip.cli.flags import TOLERATE_HELP, rank_values, TrainingCommand, train_config
 from gossip.errors import ConfigError
 
 
@@ -29,7 +29,7 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
     return rate, per_rank
 
 
-@main.command()
+@main.command(cls=TrainingCommand)
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False),
               help="Topology YAML (only its graph matters here).")
 @click.option("--peers", type=int,
@@ -67,7 +67,6 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
               help="Replay the strategy's messages as sizes, without payloads or math (for "
                    "10^4 peers; writes sizes.json, no peer records).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@_train_options
 @fail_cleanly
 def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency, sharing,
              message_cost, byte_cost, compute_model, kills, tolerate_deaths, probe, sizes_only,
@@ -81,7 +80,7 @@ def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency
     from gossip.sim import NetworkModel, Simulation, parse_compute, simulate_run
     from gossip.topology import Topology
 
-    config = _train_config(config_path, strategy_options, **flags)
+    config = train_config(config_path, strategy_options, **flags)
     topology = (Topology.from_yaml(topology_path) if topology_path
                 else generated_topology(graph, peers, graph_options))
     config.delays.check_ranks(topology.size)
@@ -91,7 +90,7 @@ def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency
         network=NetworkModel(rate=rate, rates=per_rank, latency=latency, sharing=sharing,
                              message_s=message_cost, byte_s=byte_cost),
         compute=parse_compute(compute_model),
-        kills=_rank_values("--kill", kills), probe=probe, sizes_only=sizes_only)
+        kills=rank_values("--kill", kills), probe=probe, sizes_only=sizes_only)
     run_dir = Path(run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{config.strategy}-sim")
     click.echo(f"{topology.size} simulated peers, {topology.name or 'topology'}, strategy "
                f"{config.strategy}, {config.rounds} rounds -> {run_dir}")

@@ -1,4 +1,5 @@
-"""`gossip peer` (one rank) and `gossip launch` (every local rank), with the training flags they share."""
+"""`gossip peer` (one rank) and `gossip launch` (every local rank); their training flags are
+gossip/cli/flags.py's."""
 
 from __future__ import annotations
 
@@ -10,132 +11,13 @@ from pathlib import Path
 
 import click
 
-from gossip.cli.common import (DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology,
-                               key_values, main)
+from gossip.cli.common import DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology, main
+from gossip.cli.flags import TOLERATE_HELP, TrainingCommand, train_config
 from gossip.errors import ConfigError, GossipError
 from gossip.rendezvous.launchers import RANK_ENV
 
 
-TOLERATE_HELP = ("Exit 0 even if up to N peers died (the run exits non-zero when a peer it "
-                 "did not kill itself died).")
-
-
-def _train_options(fn):
-    """Training flags shared by `peer` and `launch`; unset flags keep the config's value."""
-    options = [
-        click.option("--strategy", help="Synchronization strategy, e.g. dpsgd, ring-allreduce."),
-        click.option("--rounds", type=int, help="Synchronized steps per peer."),
-        click.option("--budget-samples", type=int, metavar="N",
-                     help="Asynchronous strategies: a peer also stops after N samples."),
-        click.option("--budget-seconds", type=float, metavar="SECONDS",
-                     help="Asynchronous strategies: a peer also stops after SECONDS."),
-        click.option("--snapshot-seconds", type=float, metavar="SECONDS",
-                     help="Asynchronous strategies: each peer saves its model every SECONDS "
-                          "for the consensus (0: no snapshots). Default 2."),
-        click.option("--lr", type=float, help="Learning rate (0: pure gossip, no training "
-                                              "step)."),
-        click.option("--batch-size", type=int, help="Samples per local step."),
-        click.option("--partition", help="Data split over peers: iid or dirichlet."),
-        click.option("--alpha", type=float, help="Dirichlet concentration (non-iid skew)."),
-        click.option("--seed", type=int, help="Seed of data split, init and batches."),
-        click.option("--timeout", type=float,
-                     help="Seconds to wait for a peer's message (ps and adpsgd wait as long "
-                          "as the peer is alive)."),
-        click.option("--dead-after", type=float, metavar="SECONDS",
-                     help="Declare a peer dead once its connection stayed broken this long "
-                          "(gossip drops it, all-reduce stops naming it). Default 5."),
-        click.option("--checkpoint-every", type=int, metavar="N",
-                     help="Write each peer's checkpoint every N rounds (0: never); a peer "
-                          "restarted with `gossip peer --resume` rejoins from it."),
-        click.option("--option", "strategy_options", multiple=True, metavar="KEY=VALUE",
-                     help="Strategy option, repeatable (e.g. piece_bytes=1048576)."),
-        click.option("--minibatches", type=int,
-                     help="Split each batch into this many mini-batches (gradients accumulated; "
-                          "nonblocking may stop early)."),
-        click.option("--compute-delay", type=float, metavar="SECONDS",
-                     help="Emulated compute time slept per mini-batch (a slower device)."),
-        click.option("--slowdown", multiple=True, metavar="RANK:FACTOR",
-                     help="Rank's mini-batches take FACTOR times as long, repeatable."),
-        click.option("--straggler-prob", type=float,
-                     help="Probability that a mini-batch is hit by a straggler delay."),
-        click.option("--straggler-mean", type=float, metavar="SECONDS",
-                     help="Mean of the (exponential) straggler delay."),
-        click.option("--send-delay", multiple=True, metavar="[RANK:]SECONDS",
-                     help="Sleep before every send: SECONDS for all ranks, or RANK:SECONDS, "
-                          "repeatable."),
-        click.option("--delay-seed", type=int, help="Seed of the straggler draws (default --seed)."),
-        click.option("--arbiter", metavar="ADDRESS",
-                     help="Share each peer's device with other jobs through this arbiter: "
-                          "ipc://PATH or tcp://HOST:PORT (`gossip arbiter`), flock:DIR, "
-                          "slices:DIR."),
-        click.option("--device", metavar="NAME",
-                     help="With --arbiter: the device, {rank} replaced by the rank "
-                          "(default dev{rank})."),
-        click.option("--job", metavar="NAME",
-                     help="With --arbiter: this job's name among those sharing the devices "
-                          "(turns go by name)."),
-        click.option("--config", "config_path", type=click.Path(dir_okay=False),
-                     help="YAML with training settings (a run directory's config.yaml)."),
-        click.option("--task", help="Task: digits, deep-mlp, or package.module:factory."),
-        click.option("--task-option", "task_options", multiple=True, metavar="KEY=VALUE",
-                     help="Task factory option, repeatable (e.g. width=1024, depth=8)."),
-        click.option("--layer-delay", type=float, metavar="SECONDS",
-                     help="Emulated device: each layer sleeps this in forward, twice in "
-                          "backward."),
-        click.option("--overlap/--no-overlap", default=None,
-                     help="Overlap synchronization with forward/backward (Peer.attach)."),
-        click.option("--bucket-mb", type=float, metavar="MIB",
-                     help="With --overlap: gradient bucket size (default 4)."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def _train_config(config_path, strategy_options, *, compute_delay=None, slowdown=(),
-                  straggler_prob=None, straggler_mean=None, send_delay=(), delay_seed=None,
-                  arbiter=None, device=None, job=None, task_options=(), **flags):
-    from gossip.config import TrainConfig
-
-    base = TrainConfig.from_yaml(config_path).to_dict() if config_path else {}
-    base.update({k: v for k, v in flags.items() if v is not None})
-    delays = dict(base.get("delays") or {})
-    for key, value in (("compute", compute_delay), ("straggler_prob", straggler_prob),
-                       ("straggler_mean", straggler_mean), ("seed", delay_seed)):
-        if value is not None:
-            delays[key] = value
-    if slowdown:
-        delays["slowdown"] = _rank_values("--slowdown", slowdown)
-    if send_delay:
-        if len(send_delay) == 1 and ":" not in send_delay[0]:
-            delays["send_delay"] = _float("--send-delay", send_delay[0])
-        else:
-            delays["send_delay"] = _rank_values("--send-delay", send_delay)
-    base["delays"] = delays
-    base["options"] = key_values("--option", base.get("options"), strategy_options)
-    base["task_options"] = key_values("--task-option", base.get("task_options"), task_options)
-    return TrainConfig.from_dict(base, source=config_path or "command line")
-
-
-def _float(flag: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: expected a number") from None
-
-
-def _rank_values(flag: str, items) -> dict[int, float]:
-    """``("3:2.0", ...)`` -> ``{3: 2.0, ...}``; ConfigError naming the flag otherwise."""
-    out = {}
-    for item in items:
-        rank, sep, value = item.partition(":")
-        if not sep or not rank.strip().isdigit():
-            raise ConfigError(f"{flag} {item!r}: expected RANK:VALUE, e.g. 3:2.0")
-        out[int(rank)] = _float(flag, value)
-    return out
-
-
-@main.command()
+@main.command(cls=TrainingCommand)
 @click.option("--rank", type=int, help=f"This peer's rank (default: ${' / $'.join(RANK_ENV)}).")
 @click.option("--topology", "topology_path", required=True, type=click.Path(dir_okay=False),
               help="Topology YAML naming every peer's host and port (with --rendezvous: "
@@ -159,7 +41,6 @@ def _rank_values(flag: str, items) -> dict[int, float]:
 @click.option("--resume", is_flag=True,
               help="Restart this peer from its last checkpoint and rejoin the running peers "
                    "(dpsgd, matcha).")
-@_train_options
 @fail_cleanly
 def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_file,
          checkpoint_dir, resume, config_path, strategy_options, **flags):
@@ -176,7 +57,7 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
     from gossip.rendezvous.cli import Meeting
     from gossip.training.synchronous import train
 
-    config = _train_config(config_path, strategy_options, **flags)
+    config = train_config(config_path, strategy_options, **flags)
     shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
                            job=flags["job"])
     meeting = Meeting.parse(rendezvous_uri, rank, advertise=advertise, timeout=config.timeout)
@@ -194,16 +75,15 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
         history = read_jsonl(metrics_path)                        # this peer rejoins at
     if not topology.trains(rank):
         # A server only (topology roles): no training, no metrics; the serve loop.
-        with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
-                  dead_after=config.dead_after, rendezvous=meeting.rendezvous,
-                  **config.options) as node:
+        with Peer(rank, topology, config.spec, timeout=config.timeout, key_file=key_file,
+                  dead_after=config.dead_after, rendezvous=meeting.rendezvous) as node:
             node.serve()
         click.echo(f"peer {rank}: served until every worker said goodbye")
         return
-    with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
+    with Peer(rank, topology, config.spec, timeout=config.timeout, key_file=key_file,
               send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
-              rendezvous=meeting.rendezvous, **config.options) as node:
+              rendezvous=meeting.rendezvous) as node:
         agreed = meeting.settle(node, run_dir, config, checkpoint_path)
         if agreed is not None:
             resume, resumed = True, f" resumed from the checkpoint of round {agreed}"
@@ -237,7 +117,7 @@ def _device(shared, rank: int, node, timeout: float):
         yield functools.partial(DeviceTrainer, device=lock)
 
 
-@main.command()
+@main.command(cls=TrainingCommand)
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False),
               help="Topology YAML (default: a ring of --peers on 127.0.0.1, free ports).")
 @click.option("--peers", type=int,
@@ -264,7 +144,6 @@ def _device(shared, rank: int, node, timeout: float):
                    "--run-dir, --topology and --config).")
 @click.option("--tolerate-deaths", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="N", help=TOLERATE_HELP)
-@_train_options
 @fail_cleanly
 def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key_dir,
            checkpoint_dir, resume, tolerate_deaths, config_path, strategy_options, **flags):
@@ -280,7 +159,7 @@ def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key
     from gossip.ports import free_ports
     from gossip.topology import Topology
 
-    config = _train_config(config_path, strategy_options, **flags)
+    config = train_config(config_path, strategy_options, **flags)
     shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
                            job=flags["job"])
     if topology_path:

@@ -76,14 +76,14 @@ def _last_bucket_share(run_dir: Path) -> float:
     """The input-side bucket's share of the parameters in the run's bucket plan."""
     import torch
 
-    from gossip.overlap import plan_buckets
+    from gossip.overlap import DEFAULT_BUCKET_MB, plan_buckets
     from gossip.tasks import create_task
 
     config = _config(run_dir)
     torch.manual_seed(0)
     model = create_task(config["task"], **(config.get("task_options") or {})).build_model()
     numels = [p.numel() for p in model.parameters() if p.requires_grad]
-    plan = plan_buckets(numels, 4, bucket_mb=config.get("bucket_mb", 4.0))
+    plan = plan_buckets(numels, 4, bucket_mb=config.get("bucket_mb", DEFAULT_BUCKET_MB))
     return plan[-1].numel / sum(numels)
 
 

@@ -4,7 +4,6 @@ combine-then-adapt), on one communication thread per peer."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Iterator
@@ -131,16 +130,14 @@ class Overlap:
         self.thread.close(timeout)
 
 
-def _retagged(build, index: int):
-    """The peer's strategy builder for bucket ``index``: the same options under its own tag
+def _retagged(spec, index: int):
+    """The peer's strategy spec for bucket ``index``: the same options under its own tag
     (its own message kinds and state)."""
-    options = getattr(build, "keywords", {}).get("options")
-    if not dataclasses.is_dataclass(options) or not hasattr(options, "tag"):
+    if spec.tag is None:
         raise ConfigError("overlap with several buckets builds one strategy per bucket: give "
                           "the peer a registered strategy name or class (one with a 'tag' "
                           "option), or bucket_mb=inf for one bucket")
-    retagged = dataclasses.replace(options, tag=bucket_tag(options.tag, index))
-    return functools.partial(build.func, *build.args, **{**build.keywords, "options": retagged})
+    return spec.retagged(bucket_tag(spec.tag, index))
 
 
 def _average(peer, strategy, x: torch.Tensor, minibatches: int, round: int) -> None:

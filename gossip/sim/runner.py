@@ -204,14 +204,13 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
     """What `gossip peer` runs (cli/train.py), on a simulated transport."""
     def run() -> dict:
         transport = world.transport(rank, timeout=config.timeout, dead_after=config.dead_after)
+        spec = config.spec.copy()  # this peer's own compressor state, as in its own process
         if not topology.trains(rank):  # a server only (topology roles): the serve loop
-            with Peer(rank, topology, config.strategy, transport=transport,
-                      **config.options) as node:
+            with Peer(rank, topology, spec, transport=transport) as node:
                 node.serve()
             return {}
-        with Peer(rank, topology, config.strategy, transport=transport,
-                  send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
-                  **config.options) as node:
+        with Peer(rank, topology, spec, transport=transport,
+                  send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay) as node:
             trainer = Trainer(node, config, on_round=lambda line: recorded(rank, line))
             trainer.delays = world.compute.delays(trainer.delays)
             if meetings is not None:

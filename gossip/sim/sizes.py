@@ -29,7 +29,6 @@ from gossip.errors import ConfigError
 from gossip.sim.clock import MeasuredCompute
 from gossip.sim.runner import write_run_dir
 from gossip.sim.scheduler import Scheduler
-from gossip.strategies import STRATEGIES
 from gossip.strategies.traffic import Step, round_bytes
 from gossip.tasks.base import create_task
 
@@ -68,8 +67,7 @@ def model_size(config: TrainConfig) -> tuple[int, torch.dtype]:
 def plans(config: TrainConfig, size: int) -> list[Iterable[Step]]:
     """Every rank's plan (iterated once per round, see gossip/strategies/traffic.py);
     ConfigError if the strategy has none."""
-    options = STRATEGIES.options(config.strategy, config.options)
-    cls = STRATEGIES.strategy_class(config.strategy, options)
+    cls, options = config.spec.cls, config.spec.options
     numel, dtype = model_size(config)
     found = [cls.traffic(rank, size, numel, dtype, options) for rank in range(size)]
     if found[0] is None:

@@ -8,7 +8,8 @@ What a strategy can do is a class attribute (``operates_on``, ``exact_mean``, ``
 
 from __future__ import annotations
 
-import functools
+import copy
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,42 @@ class Entry:
     options: type[Options]
     select: Callable[[Options], type]  # options -> the Strategy class that runs them
     doc: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A strategy resolved once (``STRATEGIES.resolve``): the class that runs it and its
+    checked options, or a factory built by hand; call it to build the strategy."""
+
+    name: str
+    cls: type | None  # None: a factory, known only once built
+    options: Options | None
+    factory: Callable[..., Any] | None = None
+
+    def __call__(self, *, rank: int, topology, transport):
+        if self.factory is not None:
+            return self.factory(rank=rank, topology=topology, transport=transport)
+        return self.cls(rank=rank, topology=topology, transport=transport, options=self.options)
+
+    def capabilities(self) -> dict[str, Any] | None:
+        """What the strategy can do (``Strategy.capabilities_for``); None for a factory."""
+        return None if self.cls is None else self.cls.capabilities_for(self.options)
+
+    @property
+    def tag(self) -> str | None:
+        """Its ``tag`` option, which names its messages (None: it has none)."""
+        return getattr(self.options, "tag", None)
+
+    def copy(self) -> Spec:
+        """A copy with stateful options of its own (a compressor's error-feedback
+        residuals): for each of several peers built from one spec in one process."""
+        return copy.deepcopy(self)
+
+    def retagged(self, tag: str) -> Spec:
+        """The same strategy and options under another tag (its own messages and state)."""
+        if self.tag is None:
+            raise ConfigError(f"strategy {self.name!r} has no tag option to give it another")
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, tag=tag))
 
 
 class StrategyRegistry(Registry):
@@ -82,26 +119,30 @@ class StrategyRegistry(Registry):
         cls = self.entry(name).select(parsed)
         return cls(rank=rank, topology=topology, transport=transport, options=parsed)
 
-    def resolve(self, strategy, options: Mapping[str, Any] | Options | None = None):
-        """A builder ``(*, rank, topology, transport) -> Strategy`` for ``strategy``: a
-        registered name, a Strategy class built by hand (options from its ``options_class``)
-        or a factory taking those three arguments. Options are checked now.
+    def resolve(self, strategy, options: Mapping[str, Any] | Options | None = None) -> Spec:
+        """``strategy`` parsed once, as a ``Spec`` (call it to build the strategy): a
+        registered name, a Strategy class built by hand (options from its ``options_class``),
+        a factory ``(*, rank, topology, transport) -> Strategy``, or a Spec already resolved.
+        Options are checked now.
 
         Raises:
             ConfigError: an unknown name or option, a bad value, or options given with a
-                factory (they belong in the factory).
+                factory (they belong in the factory) or a Spec (it holds its own).
         """
         if isinstance(strategy, str):
             parsed = self.options(strategy, options)
-            return functools.partial(self.entry(strategy).select(parsed), options=parsed)
+            return Spec(strategy, self.entry(strategy).select(parsed), parsed)
         if inspect.isclass(strategy) and hasattr(strategy, "synchronize"):
             parsed = parse_options(strategy.options_class, options, strategy=strategy.__name__)
-            return functools.partial(strategy, options=parsed)
+            return Spec(strategy.__name__, strategy, parsed)
         if callable(strategy):
             if options:
-                raise ConfigError(f"options {', '.join(options)} given with a strategy factory: "
-                                  f"they belong in the factory")
-            return strategy
+                what = "resolved strategy" if isinstance(strategy, Spec) else "strategy factory"
+                raise ConfigError(f"options {', '.join(options)} given with a {what}: they "
+                                  f"belong in it")
+            if isinstance(strategy, Spec):
+                return strategy
+            return Spec(getattr(strategy, "__name__", "factory"), None, None, factory=strategy)
         raise ConfigError(f"strategy must be a registered name ({', '.join(self.names())}), a "
                           f"Strategy class or a factory, got {strategy!r}")
 

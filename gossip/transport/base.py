@@ -22,6 +22,7 @@ log = logging.getLogger("gossip.transport")
 
 # Messages that arrived before anyone asked for them are kept, up to this many bytes.
 DEFAULT_MAX_PENDING_BYTES = DEFAULT_MAX_BYTES
+TIMEOUT_S = 60.0  # seconds a receive waits by default (Peer and TrainConfig's too)
 BYE = "bye"  # internal: the sender is done and sends nothing more
 INTERNAL = CONTROL | {BYE, PROBE}  # kinds every transport accepts and handles itself
 
@@ -56,7 +57,7 @@ class Transport(ABC):
         *,
         size: int | None = None,
         kinds: Sequence[str] | None = None,
-        timeout: float = 60.0,
+        timeout: float = TIMEOUT_S,
         max_message_bytes: int = codec.DEFAULT_MAX_MESSAGE_BYTES,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         max_pending_messages: int = DEFAULT_MAX_MESSAGES,

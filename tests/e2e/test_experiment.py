@@ -14,7 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from gossip.cli import main
-from gossip.cli.train import _train_config
+from gossip.cli.flags import train_config
 from gossip.metrics import read_jsonl
 
 FIGURES = ("loss_vs_time.png", "loss_vs_bytes.png", "accuracy_vs_round.png",
@@ -99,7 +99,7 @@ def test_bad_experiment_file_is_one_line_and_exit_1(tmp_path, change, culprit):
 
 
 def test_delay_flags_make_the_delays_section():
-    config = _train_config(None, (), rounds=None, strategy="nonblocking", minibatches=2,
+    config = train_config(None, (), rounds=None, strategy="nonblocking", minibatches=2,
                            batch_size=8, slowdown=("1:3", "0:1.5"), compute_delay=0.002,
                            straggler_prob=0.5, straggler_mean=0.001, send_delay=("1:0.001",),
                            delay_seed=4)
@@ -107,7 +107,7 @@ def test_delay_flags_make_the_delays_section():
     assert config.delays.to_dict() == {
         "compute": 0.002, "slowdown": {1: 3.0, 0: 1.5}, "straggler_prob": 0.5,
         "straggler_mean": 0.001, "send_delay": {1: 0.001}, "seed": 4}
-    assert _train_config(None, (), send_delay=("0.01",)).delays.send_delay == 0.01
+    assert train_config(None, (), send_delay=("0.01",)).delays.send_delay == 0.01
 
 
 @pytest.mark.parametrize("args, culprit", [

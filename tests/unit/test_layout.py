@@ -15,11 +15,6 @@ PACKAGE = ROOT / "gossip"
 PUBLIC_UNDERSCORED = {"_replace", "_asdict", "_fields", "_make", "_field_defaults", "_exit"}
 # Reaches whose removal is another part of issue 26, in flight on other branches (the options'
 # generated flags, the layers' public field check): delete each line as its fix merges.
-PENDING_ELSEWHERE = {
-    "gossip/cli/simulate.py: from gossip.cli.train import _rank_values",
-    "gossip/cli/simulate.py: from gossip.cli.train import _train_config",
-    "gossip/cli/simulate.py: from gossip.cli.train import _train_options",
-}
 
 
 def modules() -> list[Path]:
@@ -85,10 +80,7 @@ def test_no_module_uses_another_modules_private_names():
     happen is a split that reaches into the other half's private state."""
     reaches = [r for p in sorted(PACKAGE.rglob("*.py"))
                for r in private_reaches(p, p.read_text())]
-    leaks = [r for r in reaches if r not in PENDING_ELSEWHERE]
-    assert not leaks, "private names used outside their module:\n" + "\n".join(leaks)
-    fixed = PENDING_ELSEWHERE - set(reaches)
-    assert not fixed, f"no longer reached, remove from PENDING_ELSEWHERE: {sorted(fixed)}"
+    assert not reaches, "private names used outside their module:\n" + "\n".join(reaches)
 
 
 def test_the_private_reach_check_sees_what_it_must():
