@@ -20,8 +20,10 @@ x_i; the gossip strategies (dpsgd, matcha) call it instead of their weighted sum
 
 A neighbour's model with a non-finite value (NaN, inf, or a difference that overflows) is
 flagged and left out: clipping gives it a zero difference (its weight stays on x_i), trimming
-leaves it out of the sort (and trims fewer if too few are left). The round's share of
-neighbours clipped or trimmed and the count flagged are what ``Mixed`` reports.
+leaves it out of the sort (and trims fewer if too few are left). So the strategy takes them
+from the transport unchecked (capability ``checks_own_result``): a NaN neighbour is skipped,
+not waited for. The round's share of neighbours clipped or trimmed and the count flagged are
+what ``Mixed`` reports.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -227,7 +229,13 @@ class RobustOptions(Options):
             return TrimmedMean(self.trim)
         return None
 
-    def keeps_mean(self) -> bool:
-        """Whether robust mixing (if any) keeps the peers' average."""
+    def robust_capabilities(self, held: dict[str, Any]) -> dict[str, Any]:
+        """A gossip strategy's capabilities ``held`` with these options' robust mixing: the
+        average is kept only with a common radius, and non-finite models are left out by the
+        aggregator, so the transport need not reject them (a neighbour sending NaN would
+        otherwise stall the round until it is declared timed out)."""
         robust = self.aggregator()
-        return robust is None or robust.preserves_mean
+        if robust is None:
+            return dict(held)
+        return {**held, "preserves_mean": held["preserves_mean"] and robust.preserves_mean,
+                "checks_own_result": True}

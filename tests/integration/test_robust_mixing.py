@@ -47,14 +47,22 @@ def run_with_attackers(topology, options: dict, data: torch.Tensor,
     n_rounds, size = data.shape[:2]
     results = torch.full_like(data, math.nan)
     strategies: list = [None] * size
-    bound, done = threading.Barrier(size, timeout=20), threading.Barrier(size, timeout=60)
+    opened, ready = threading.Barrier(size, timeout=20), threading.Barrier(size, timeout=20)
+    done = threading.Barrier(size, timeout=60)
     errors: list[BaseException] = []
 
     def main(rank: int) -> None:
-        transport = ZmqTransport.for_topology(rank, topology, timeout=10,
-                                              reject_nonfinite=False).open()
+        transport = ZmqTransport.for_topology(rank, topology, timeout=10).open()
         try:
-            bound.wait()
+            opened.wait()  # every address bound before anyone connects: no reconnect delay
+            if rank not in attackers:  # before any payload can arrive
+                strategy = STRATEGIES.create("dpsgd", rank=rank, topology=topology,
+                                             transport=transport, options=options)
+                strategies[rank] = strategy
+                # As Peer does: robust mixing takes non-finite models and leaves them out.
+                transport.accept_kinds(strategy.kinds,
+                                       receiver_checks_finite=strategy.checks_own_result)
+            ready.wait()
             if rank in attackers:
                 for round in range(n_rounds):
                     for j in topology.neighbors(rank):
@@ -62,15 +70,13 @@ def run_with_attackers(topology, options: dict, data: torch.Tensor,
                         transport.send(j, Message(kind="gossip", round=round,
                                                   meta={"n": NUMEL}, buffers=(payload,)))
             else:
-                strategy = STRATEGIES.create("dpsgd", rank=rank, topology=topology,
-                                             transport=transport, options=options)
-                strategies[rank] = strategy
                 for round in range(n_rounds):
-                    results[round, rank] = strategy.synchronize(data[round, rank].clone(),
-                                                                round)
+                    results[round, rank] = strategies[rank].synchronize(
+                        data[round, rank].clone(), round)
         except BaseException as exc:  # reported below, after every thread has ended
             errors.append(exc)
-            done.abort()
+            for barrier in (opened, ready, done):
+                barrier.abort()
         finally:
             try:
                 done.wait()

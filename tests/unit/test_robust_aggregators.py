@@ -167,6 +167,7 @@ def test_capabilities_follow_the_rule(name, options, capability):
     parsed = STRATEGIES.options(name, options)
     held = STRATEGIES.strategy_class(name, parsed).capabilities_for(parsed)
     assert held["preserves_mean"] is capability
+    assert held["checks_own_result"] is bool(options)  # it leaves non-finite models out
 
 
 @pytest.mark.parametrize("options, fault", [

@@ -35,14 +35,15 @@ class DPSGD(Strategy):
         self.robust = self.options.aggregator()
         if self.robust is not None:
             self.robust.check((r, len(topology.neighbors(r))) for r in range(topology.size))
-            self.preserves_mean = self.robust.preserves_mean
+            held = self.capabilities_for(self.options)
+            self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
+                                                           held["checks_own_result"])
         self.mixed: Mixed | None = None  # what robust mixing did in the latest round
         transport.connect(self.mixing.neighbors)  # so a neighbour dying at once is noticed
 
     @classmethod
     def capabilities_for(cls, options: DPSGDOptions) -> dict[str, Any]:
-        held = super().capabilities_for(options)
-        return {**held, "preserves_mean": held["preserves_mean"] and options.keeps_mean()}
+        return options.robust_capabilities(super().capabilities_for(options))
 
     @property
     def neighbors(self) -> tuple[int, ...]:

@@ -38,13 +38,14 @@ class Matcha(Strategy):
                                        tag=self.tag)
         self.plan = self.schedule.plan
         self.robust = self.options.aggregator()
-        self.preserves_mean = self.options.keeps_mean()
+        held = self.capabilities_for(self.options)
+        self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
+                                                       held["checks_own_result"])
         self.mixed: Mixed | None = None  # what robust mixing did in the latest round
 
     @classmethod
     def capabilities_for(cls, options: MatchaOptions) -> dict[str, Any]:
-        held = super().capabilities_for(options)
-        return {**held, "preserves_mean": held["preserves_mean"] and options.keeps_mean()}
+        return options.robust_capabilities(super().capabilities_for(options))
 
     def record_fields(self, round: int) -> dict[str, Any]:
         return {} if self.robust is None else (self.mixed or Mixed(0.0, 0)).fields()
