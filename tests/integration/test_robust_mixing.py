@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from gossip.compress import create
 from gossip.strategies import STRATEGIES
 from gossip.transport import Message, ZmqTransport
 
@@ -67,8 +68,7 @@ def run_with_attackers(topology, options: dict, data: torch.Tensor,
                 for round in range(n_rounds):
                     for j in topology.neighbors(rank):
                         payload = attackers[rank](round, j, data[round]).contiguous()
-                        transport.send(j, Message(kind="gossip", round=round,
-                                                  meta={"n": NUMEL}, buffers=(payload,)))
+                        transport.send(j, message(payload, round, options))
             else:
                 for round in range(n_rounds):
                     results[round, rank] = strategies[rank].synchronize(
@@ -93,6 +93,16 @@ def run_with_attackers(topology, options: dict, data: torch.Tensor,
     if errors:
         raise errors[0]
     return results, strategies
+
+
+def message(payload: torch.Tensor, round: int, options: dict) -> Message:
+    """The message carrying ``payload``: as it is, or as a CHOCO difference compressed by
+    the compressor the honest peers run."""
+    if "compressor" not in options:
+        return Message(kind="gossip", round=round, meta={"n": NUMEL}, buffers=(payload,))
+    packed = create(options["compressor"], density=options["density"]).compress(
+        payload, key="gossip", round=round)
+    return Message(kind="gossip", round=round, meta=dict(packed.meta), buffers=packed.buffers)
 
 
 PAYLOADS = {"nan": lambda r, j, x: torch.full((NUMEL,), math.nan),
@@ -172,3 +182,40 @@ def test_matcha_clips_its_partners_differences(local_topology, run_rounds, make_
     clipped = run_rounds(topology, "matcha", data, robust="clip", tau=0.5, **options).results
     assert not torch.equal(plain, clipped)
     torch.testing.assert_close(clipped.mean(dim=1), data.mean(dim=1), rtol=1e-12, atol=1e-12)
+
+
+def test_choco_clips_the_mixing_term_over_public_copies(iterate, local_topology):
+    """dpsgd with a compressor and robust=clip: the replicas still follow the raw payloads
+    (each x̂_j held by i equals j's own), an infinite radius is CHOCO, and a common radius
+    keeps the peers' average."""
+    topology = local_topology("ring", 5)
+    x0 = torch.randn(5, 61, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    choco = {"compressor": "topk", "density": 0.2}
+    plain, _ = iterate(topology, "dpsgd", x0, 6, **choco)
+    unclipped, _ = iterate(topology, "dpsgd", x0, 6, robust="clip", tau=math.inf, **choco)
+    torch.testing.assert_close(unclipped, plain, rtol=1e-12, atol=1e-12)
+    clipped, strategies = iterate(topology, "dpsgd", x0, 6, robust="clip", tau=0.05, **choco)
+    assert not torch.allclose(clipped, plain)
+    torch.testing.assert_close(clipped.mean(0), x0.mean(0), rtol=1e-12, atol=1e-12)
+    for strategy in strategies:
+        for j, copy in strategy.replicas.copies.items():
+            assert torch.equal(copy, strategies[j].public)
+        assert strategy.record_fields(5)["robust_share"] > 0
+
+
+@pytest.mark.parametrize("payload", ["nan", "+1e38", "per-neighbour", "sign-flip"])
+def test_choco_with_liars_everywhere_moves_at_most_gamma_times_the_clipped_weight(
+        payload, local_topology, make_data):
+    """CHOCO's step x_i += gamma sum_j w_ij CLIP(x̂_j - x̂_i, tau): whatever the liars' public
+    copies become, x_0 moves at most gamma (1 - w_00) tau per round."""
+    topology = local_topology("star", 4)
+    data = make_data(3, 4, (NUMEL,), torch.float32, seed=9)
+    options = {"compressor": "topk", "density": 1.0, "gamma": 0.5, "robust": "clip",
+               "tau": 0.5}
+    results, strategies = run_with_attackers(topology, options, data,
+                                             {r: PAYLOADS[payload] for r in (1, 2, 3)})
+    bound = 0.5 * (1 - strategies[0].self_weight) * 0.5
+    for round in range(3):
+        moved = torch.linalg.vector_norm(results[round, 0].double() - data[round, 0].double())
+        assert float(moved) <= bound * (1 + 1e-5)
+    assert strategies[0].record_fields(2)["robust_flagged"] == (3 if payload == "nan" else 0)

@@ -176,9 +176,13 @@ def test_capabilities_follow_the_rule(name, options, capability):
     ({"robust": "median", "trim": 1}, "trim"), ({"robust": "trimmed-mean"}, "needs trim"),
     ({"robust": "clip", "tau_rule": "delta"}, "delta"),
     ({"robust": "clip", "tau": 1.0, "staleness": 1}, "staleness"),
-    ({"robust": "clip", "tau": 1.0, "compressor": "topk"}, "compressor"),
     ({"robust": "krum"}, "robust must be one of"), ({"robust": "clip", "tau": 0}, "tau")])
 def test_what_cannot_work_is_one_line_naming_it(options, fault):
     with pytest.raises(ConfigError, match=fault) as info:
         STRATEGIES.options("dpsgd", options)
     assert "\n" not in str(info.value)
+
+
+def test_matcha_with_a_compressor_is_not_mixed_robustly():
+    with pytest.raises(ConfigError, match="robust=clip: with a compressor"):
+        STRATEGIES.options("matcha", {"robust": "clip", "tau": 1.0, "compressor": "topk"})

@@ -11,12 +11,6 @@ from gossip.errors import ConfigError
 from gossip.options import TaggedOptions, in_unit_interval, option
 
 
-#: Why a compressor (CHOCO) and robust mixing do not go together yet: the memory-efficient
-#: form keeps only s_i = sum_j w_ij x̂_j, not the neighbours' copies x̂_j that clipping needs.
-ROBUST_REFUSAL = ("with a compressor (CHOCO), only the weighted sum of the neighbours' public "
-                  "copies is kept, not each copy to clip or trim: drop the compressor")
-
-
 @dataclass(frozen=True)
 class ChocoOptions(TaggedOptions):
     """The options of a gossip strategy that runs CHOCO when given a compressor."""

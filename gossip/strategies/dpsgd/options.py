@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gossip.errors import ConfigError
 from gossip.options import option
-from gossip.strategies.dpsgd.compression import ROBUST_REFUSAL, ChocoOptions
+from gossip.strategies.dpsgd.compression import ChocoOptions
 from gossip.strategies.robust import RobustOptions
 
 #: Staleness is bounded by what the transport keeps of rounds past (transport/pending.py).
@@ -20,7 +20,8 @@ class DPSGDOptions(RobustOptions, ChocoOptions, tag="gossip"):
     examples = ({}, {"compressor": "topk", "density": 0.3}, {"compressor": "qsgd"},
                 {"compressor": "sign", "gamma": 0.4}, {"staleness": 2},
                 {"robust": "clip", "tau": 1.0}, {"robust": "clip", "tau_rule": "second"},
-                {"robust": "median"})
+                {"robust": "median"}, {"compressor": "topk", "density": 0.3, "robust": "clip",
+                                       "tau": 1.0})
 
     staleness: int = option(
         0, "bounded staleness s: mix each neighbour's newest model of rounds r-s..r, wait only "
@@ -41,4 +42,4 @@ class DPSGDOptions(RobustOptions, ChocoOptions, tag="gossip"):
         if self.staleness:
             return ("robust rules compare the neighbours' models of one round; staleness "
                     "mixes older ones: use staleness=0")
-        return None if self.compressor is None else ROBUST_REFUSAL
+        return None

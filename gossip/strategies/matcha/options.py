@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gossip.options import at_least, in_unit_interval, option
-from gossip.strategies.dpsgd.compression import ROBUST_REFUSAL, ChocoOptions
+from gossip.strategies.dpsgd.compression import ChocoOptions
 from gossip.strategies.robust import RobustOptions
 
 
@@ -30,4 +30,7 @@ class MatchaOptions(RobustOptions, ChocoOptions, tag="matcha"):
                 "too few to trim: use robust=clip")
 
     def robust_conflict(self) -> str | None:
-        return None if self.compressor is None else ROBUST_REFUSAL
+        if self.compressor is not None:
+            return ("with a compressor, matcha's per-edge public copies are not mixed robustly "
+                    "(dpsgd's CHOCO is): drop the compressor or use dpsgd")
+        return None
