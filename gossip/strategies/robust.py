@@ -229,6 +229,13 @@ class RobustOptions(Options):
             return TrimmedMean(self.trim)
         return None
 
+    def aggregator_for(self, topology) -> Aggregator | None:
+        """``aggregator()``, checked against every rank's neighbourhood in ``topology``."""
+        robust = self.aggregator()
+        if robust is not None:
+            robust.check((r, len(topology.neighbors(r))) for r in range(topology.size))
+        return robust
+
     def robust_capabilities(self, held: dict[str, Any]) -> dict[str, Any]:
         """A gossip strategy's capabilities ``held`` with these options' robust mixing: the
         average is kept only with a common radius, and non-finite models are left out by the

@@ -51,11 +51,10 @@ class ChocoGossip(Strategy):
         self.compressor = self.options.compressor
         self.gamma = self.options.gamma
         self._state: PublicCopy | None = None  # x̂_i, s_i and the buffers reused each round
-        self.robust = self.options.aggregator()
+        self.robust = self.options.aggregator_for(topology)
         self.replicas: Replicas | None = None  # robust: each neighbour's x̂_j
-        self.mixed_robustly: Mixed | None = None  # what robust mixing did in the latest round
+        self.robust_stats: Mixed | None = None  # what robust mixing did in the latest round
         if self.robust is not None:
-            self.robust.check((r, len(topology.neighbors(r))) for r in range(topology.size))
             held = self.capabilities_for(self.options)
             self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
                                                            held["checks_own_result"])
@@ -110,11 +109,11 @@ class ChocoGossip(Strategy):
         mixed = self.robust.mix(public, [self.replicas.copies[j] for j in self.neighbors],
                                 [self.weights[j] for j in self.neighbors], self.self_weight,
                                 out=target)
-        self.mixed_robustly = Mixed(mixed.share, mixed.flagged + flagged)
+        self.robust_stats = Mixed(mixed.share, mixed.flagged + flagged)
         torch.add(flat, target.sub_(public), alpha=self.gamma, out=dest)
 
     def record_fields(self, round: int) -> dict:
-        return {} if self.mixed_robustly is None else self.mixed_robustly.fields()
+        return {} if self.robust_stats is None else self.robust_stats.fields()
 
     @property
     def public(self) -> torch.Tensor | None:

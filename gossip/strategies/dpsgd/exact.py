@@ -32,13 +32,12 @@ class DPSGD(Strategy):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
         self.tag = self.options.tag
         self.mixing = Neighbourhood(topology, rank)
-        self.robust = self.options.aggregator()
+        self.robust = self.options.aggregator_for(topology)
         if self.robust is not None:
-            self.robust.check((r, len(topology.neighbors(r))) for r in range(topology.size))
             held = self.capabilities_for(self.options)
             self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
                                                            held["checks_own_result"])
-        self.mixed: Mixed | None = None  # what robust mixing did in the latest round
+        self.robust_stats: Mixed | None = None  # what robust mixing did in the latest round
         transport.connect(self.mixing.neighbors)  # so a neighbour dying at once is noticed
 
     @classmethod
@@ -87,7 +86,7 @@ class DPSGD(Strategy):
             else:
                 received[j] = value
         if robust is not None:  # before the waits below, which may move weights again
-            self.mixed = robust.mix(flat, list(received.values()),
+            self.robust_stats = robust.mix(flat, list(received.values()),
                                     [mixing.weights[j] for j in received], mixing.self_weight,
                                     out=acc)
         for j, delivery in sent.items():
@@ -108,7 +107,7 @@ class DPSGD(Strategy):
         return self.transport.recv(src=j, kind=self.tag, round=round)
 
     def record_fields(self, round: int) -> dict[str, Any]:
-        return {} if self.mixed is None else self.mixed.fields()
+        return {} if self.robust_stats is None else self.robust_stats.fields()
 
     def state_dict(self) -> dict[str, Any]:
         return {"dropped": dict(self.mixing.dropped)}

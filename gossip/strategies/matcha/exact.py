@@ -37,18 +37,18 @@ class Matcha(Strategy):
                                        budget=self.options.budget, seed=self.options.seed,
                                        tag=self.tag)
         self.plan = self.schedule.plan
-        self.robust = self.options.aggregator()
+        self.robust = self.options.aggregator_for(topology)
         held = self.capabilities_for(self.options)
         self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
                                                        held["checks_own_result"])
-        self.mixed: Mixed | None = None  # what robust mixing did in the latest round
+        self.robust_stats: Mixed | None = None  # what robust mixing did in the latest round
 
     @classmethod
     def capabilities_for(cls, options: MatchaOptions) -> dict[str, Any]:
         return options.robust_capabilities(super().capabilities_for(options))
 
     def record_fields(self, round: int) -> dict[str, Any]:
-        return {} if self.robust is None else (self.mixed or Mixed(0.0, 0)).fields()
+        return {} if self.robust is None else (self.robust_stats or Mixed(0.0, 0)).fields()
 
     @property
     def dropped(self) -> dict[int, int]:
@@ -71,7 +71,7 @@ class Matcha(Strategy):
         flat, dest = x.reshape(-1), self._output(x, out)
         schedule = self.schedule
         partners = schedule.live_partners(round)
-        self.mixed = None
+        self.robust_stats = None
         if not partners:  # isolated this round: keep x, send nothing
             if dest.data_ptr() != flat.data_ptr():
                 dest.copy_(flat)
@@ -96,7 +96,7 @@ class Matcha(Strategy):
             else:
                 received.append(self._expect(reply, flat.numel()))
         if robust is not None:
-            self.mixed = robust.mix(flat, received, [alpha] * len(received),
+            self.robust_stats = robust.mix(flat, received, [alpha] * len(received),
                                     1.0 - len(received) * alpha, out=acc)
         schedule.await_sends(partners, sent, round)
         if acc is not dest:
