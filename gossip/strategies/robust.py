@@ -179,7 +179,7 @@ class RobustOptions(Options):
         check=lambda r: None if r in RULES else f"must be one of {', '.join(RULES)}")
     tau: float | None = option(
         None, "robust=clip: the fixed radius each neighbour's difference is clipped to "
-              "(inf: plain gossip)",
+              "(.inf, YAML's infinity: plain gossip)",
         check=lambda t: None if t > 0 else "must be positive (inf allowed)")
     tau_rule: str | None = option(
         None, "robust=clip: choose the radius each round: second (the second-largest "
