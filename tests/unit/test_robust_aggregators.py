@@ -71,8 +71,9 @@ def test_delta_rule_clips_the_farthest_holding_that_weight(degree):
     assert mixed.share == 2 / degree
 
 
-# Odd neighbourhoods (the peer and its neighbours), each with a value left after trimming.
-@pytest.mark.parametrize("degree, trim", [(2, 1), (4, 1), (4, 2), (6, 1), (6, 2), (6, 3)])
+# Odd neighbourhoods, with and without the peer itself, each with a value left after trimming.
+@pytest.mark.parametrize("degree, trim", [(2, 1), (3, 1), (4, 1), (4, 2), (5, 2), (6, 1),
+                                          (6, 2), (6, 3)])
 def test_trimmed_mean_matches_the_oracle(degree, trim):
     own, others, weights, self_weight = neighbourhood(degree, seed=30 + degree)
     got, mixed = run(TrimmedMean(trim), own, others, weights, self_weight)
