@@ -87,8 +87,9 @@ class Strategy(ABC):
     #: asynchronous strategy has no rounds: each peer runs to its own budget, ``poll`` and
     #: ``finish`` progress and end its exchanges (gossip/training/asynchronous.py).
     synchronous: ClassVar[bool] = True
-    #: ``synchronize`` raises on a NaN/Inf result itself, so the transport need not check
-    #: every incoming frame of its kinds.
+    #: ``synchronize`` deals with NaN/Inf itself (raises on a non-finite result, or leaves
+    #: non-finite inputs out: robust mixing), so the transport need not check every
+    #: incoming frame of its kinds.
     checks_own_result: ClassVar[bool] = False
     #: The strategy decides at run time when a round's computation ends (``stop_requested``
     #: may say stop): its combine point is not known in advance, so it cannot be overlapped.

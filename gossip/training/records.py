@@ -10,13 +10,14 @@ from typing import Any
 
 _DEVICE_FIELDS = ("device_wait_s", "device_hold_s", "round_start_wall")
 OVERLAP_FIELDS = ("exposed_comm_s", "comm_busy_s", "iter_s", "buckets")
+ROBUST_FIELDS = ("robust_share", "robust_flagged")
 
 
 @dataclass(frozen=True)
 class Record:
     """What one peer did in one round. The fields, in this order, are the keys of its JSONL
-    line; ``resumed_from``, ``lost_work``, the device, overlap and staleness fields are
-    written only when set.
+    line; ``resumed_from``, ``lost_work``, the device, overlap, staleness and robust fields
+    are written only when set.
 
     Attributes:
         round: The round.
@@ -53,6 +54,10 @@ class Record:
             combine-then-adapt).
         staleness: With bounded staleness (dpsgd ``staleness`` > 0): how many rounds old
             the oldest neighbour model mixed in this round was.
+        robust_share: With robust mixing (a gossip strategy's ``robust`` option): the share
+            of the neighbours' models clipped in this round (of their values, trimmed).
+        robust_flagged: With robust mixing: neighbours whose model had a non-finite value,
+            left out of this round's mix.
     """
 
     round: int
@@ -81,6 +86,8 @@ class Record:
     iter_s: float | None = None
     buckets: int | None = None
     staleness: int | None = None
+    robust_share: float | None = None
+    robust_flagged: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSONL line (``MetricsWriter.write`` turns NaN into null)."""
@@ -89,7 +96,7 @@ class Record:
             del line["resumed_from"]
         if not self.lost_work:
             del line["lost_work"]
-        for key in (*_DEVICE_FIELDS, *OVERLAP_FIELDS, "staleness"):
+        for key in (*_DEVICE_FIELDS, *OVERLAP_FIELDS, *ROBUST_FIELDS, "staleness"):
             if line[key] is None:
                 del line[key]
         return line

@@ -17,7 +17,8 @@ SCHEMA = ["round", "time", "wall", "loss", "accuracy", "bytes_sent", "bytes_recv
           "lost_peers"]
 DEVICE = ["device_wait_s", "device_hold_s", "round_start_wall"]
 OVERLAP = ["exposed_comm_s", "comm_busy_s", "iter_s", "buckets"]
-OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness"]  # written only when set
+ROBUST = ["robust_share", "robust_flagged"]
+OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness", *ROBUST]  # when set
 
 
 def record(round: int = 3, **changes) -> Record:
@@ -42,6 +43,7 @@ def test_optional_fields_appear_only_when_set():
     shared = record(device_wait_s=0.0, device_hold_s=0.1, round_start_wall=1.7e9).as_dict()
     assert list(shared) == SCHEMA + DEVICE and shared["device_wait_s"] == 0.0
     assert list(record(staleness=0).as_dict()) == SCHEMA + ["staleness"]  # s > 0: even 0
+    assert list(record(robust_share=0.0, robust_flagged=0).as_dict()) == SCHEMA + ROBUST
 
 
 @pytest.mark.parametrize("changes", [{}, {"resumed_from": 7}, {"staleness": 2},

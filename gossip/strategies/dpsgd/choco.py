@@ -8,6 +8,12 @@ compressing the models themselves (naive sparsified averaging) stalls far from i
 Fixed mixing weights allow the memory-efficient form: instead of one replica per neighbour,
 keep s_i = sum_j w_ij x̂_j (self included), updated by the same compressed messages.
 The update x_i += gamma * (s_i - x̂_i) preserves the peers' average for any Q.
+
+With a ``robust`` option the neighbours' public copies are kept one by one instead (deg(i)
+tensors), still updated by the raw payloads bit for bit, and the mixing term is the robust
+aggregate over them: x_i += gamma * (R(x̂_i, x̂_j) - x̂_i), for clipping
+x_i += gamma * sum_j w_ij CLIP(x̂_j - x̂_i, tau). A payload holding a non-finite value is left
+out of its replica and flagged.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from gossip.strategies.base import Strategy
 from gossip.strategies.dpsgd.compression import default_gamma, shrink
 from gossip.strategies.dpsgd.neighbourhood import Neighbourhood
 from gossip.strategies.dpsgd.options import DPSGDOptions
-from gossip.strategies.dpsgd.public_copy import PublicCopy
+from gossip.strategies.dpsgd.public_copy import PublicCopy, Replicas
+from gossip.strategies.robust import Mixed
 from gossip.transport import Message
 
 
@@ -44,6 +51,17 @@ class ChocoGossip(Strategy):
         self.compressor = self.options.compressor
         self.gamma = self.options.gamma
         self._state: PublicCopy | None = None  # x̂_i, s_i and the buffers reused each round
+        self.robust = self.options.aggregator_for(topology)
+        self.replicas: Replicas | None = None  # robust: each neighbour's x̂_j
+        self.robust_stats: Mixed | None = None  # what robust mixing did in the latest round
+        if self.robust is not None:
+            held = self.capabilities_for(self.options)
+            self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
+                                                           held["checks_own_result"])
+
+    @classmethod
+    def capabilities_for(cls, options: DPSGDOptions) -> dict:
+        return options.robust_capabilities(super().capabilities_for(options))
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
@@ -57,6 +75,7 @@ class ChocoGossip(Strategy):
         # Apply our own payload exactly as the neighbours do, so their replicas stay equal.
         state.add_own(self.compressor, payload, own, self_weight=self.self_weight,
                       scale=self._shrink)
+        flagged = 0  # robust: neighbours whose payload held a non-finite value
         for j in self.neighbors:  # fixed order: deterministic floating-point sums
             try:
                 reply = self.transport.recv(src=j, kind=self.tag, round=round)
@@ -66,16 +85,35 @@ class ChocoGossip(Strategy):
                 raise PeerGone(f"{exc}; CHOCO-Gossip keeps only the weighted sum of its "
                                f"neighbours' public copies and cannot drop peer {exc.rank}: "
                                f"stopping", rank=exc.rank) from None
+            payload = Payload(reply.meta, reply.buffers)
             try:
-                state.add_neighbour(self.compressor, Payload(reply.meta, reply.buffers),
-                                    weight=self.weights[j], scale=self._shrink)
+                if self.replicas is None:
+                    state.add_neighbour(self.compressor, payload, weight=self.weights[j],
+                                        scale=self._shrink)
+                elif not self.replicas.add(self.compressor, j, payload, scale=self._shrink):
+                    flagged += 1
             except ProtocolError as exc:
                 raise ProtocolError(f"rank {self.rank}: peer {j} sent a bad {self.tag} "
                                     f"payload in round {round}: {exc}") from None
         for delivery in sent:
             delivery.wait()
-        state.step_into(flat, self.gamma, dest.view(-1))
+        if self.replicas is None:
+            state.step_into(flat, self.gamma, dest.view(-1))
+        else:
+            self._step_robustly(flat, dest.view(-1), flagged)
         return dest.view_as(x)
+
+    def _step_robustly(self, flat: torch.Tensor, dest: torch.Tensor, flagged: int) -> None:
+        """dest = x_i + gamma (R - x̂_i), R the robust aggregate of the public copies."""
+        public, target = self.public, self._target
+        mixed = self.robust.mix(public, [self.replicas.copies[j] for j in self.neighbors],
+                                [self.weights[j] for j in self.neighbors], self.self_weight,
+                                out=target)
+        self.robust_stats = Mixed(mixed.share, mixed.flagged + flagged)
+        torch.add(flat, target.sub_(public), alpha=self.gamma, out=dest)
+
+    def record_fields(self, round: int) -> dict:
+        return {} if self.robust_stats is None else self.robust_stats.fields()
 
     @property
     def public(self) -> torch.Tensor | None:
@@ -93,15 +131,25 @@ class ChocoGossip(Strategy):
             if self.gamma is None:
                 self.gamma = default_gamma(self.compressor, flat.numel())
             self._shrink = shrink(self.compressor, flat.numel())
+            self._start_replicas(flat)
         elif self.public.shape != flat.shape or self.public.dtype != flat.dtype:
             raise ConfigError(f"rank {self.rank}: CHOCO keeps public copies of one tensor of "
                               f"{self.public.numel()} {self.public.dtype}; got {flat.numel()} "
                               f"{flat.dtype} (use one strategy instance per tensor)")
         return self._state
 
+    def _start_replicas(self, like: torch.Tensor, copies=None) -> None:
+        if self.robust is not None:
+            self.replicas = Replicas(like, self.neighbors, copies)
+            self._target = torch.empty_like(like)  # the robust aggregate, reused
+
     def state_dict(self) -> dict:
-        """Public copy, neighbourhood mix and step size: what a restarted peer needs."""
-        return {"public": self.public, "mixed": self.mixed, "gamma": self.gamma}
+        """Public copy, neighbourhood mix (robust: each neighbour's copy) and step size:
+        what a restarted peer needs."""
+        state = {"public": self.public, "mixed": self.mixed, "gamma": self.gamma}
+        if self.replicas is not None:
+            state["replicas"] = dict(self.replicas.copies)
+        return state
 
     def load_state_dict(self, state) -> None:
         """Restore ``state_dict``. Only a whole job restarted together can use it: in a
@@ -113,3 +161,4 @@ class ChocoGossip(Strategy):
             self._state = PublicCopy(state["public"], public=state["public"],
                                      mixed=state["mixed"])
             self._shrink = shrink(self.compressor, self.public.numel())
+            self._start_replicas(self.public, state.get("replicas"))

@@ -11,6 +11,7 @@ from gossip.errors import PeerGone, RejoinError
 from gossip.strategies.base import Strategy
 from gossip.strategies.dpsgd.neighbourhood import Neighbourhood
 from gossip.strategies.dpsgd.options import DPSGDOptions
+from gossip.strategies.robust import Mixed
 from gossip.transport import Message
 
 
@@ -18,7 +19,8 @@ class DPSGD(Strategy):
     """One exact gossip round with every neighbour of the (static) graph.
 
     A neighbour the transport declares dead is dropped for good and its weight moves onto
-    our own (see Neighbourhood).
+    our own (see Neighbourhood). With a ``robust`` option, the round's models are mixed by
+    its aggregator (gossip/strategies/robust.py) instead of the weighted sum.
     """
 
     options_class = DPSGDOptions
@@ -30,7 +32,17 @@ class DPSGD(Strategy):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
         self.tag = self.options.tag
         self.mixing = Neighbourhood(topology, rank)
+        self.robust = self.options.aggregator_for(topology)
+        if self.robust is not None:
+            held = self.capabilities_for(self.options)
+            self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
+                                                           held["checks_own_result"])
+        self.robust_stats: Mixed | None = None  # what robust mixing did in the latest round
         transport.connect(self.mixing.neighbors)  # so a neighbour dying at once is noticed
+
+    @classmethod
+    def capabilities_for(cls, options: DPSGDOptions) -> dict[str, Any]:
+        return options.robust_capabilities(super().capabilities_for(options))
 
     @property
     def neighbors(self) -> tuple[int, ...]:
@@ -53,7 +65,9 @@ class DPSGD(Strategy):
         sent = {j: self.transport.send(j, msg, track=True) for j in neighbors}
         # Our own value is still being read by the sockets: accumulate apart, unless out is new.
         acc = dest if out is None else torch.empty_like(flat)
-        torch.mul(flat, mixing.self_weight, out=acc)
+        robust, received = self.robust, {}  # robust: neighbour -> its model, mixed at the end
+        if robust is None:
+            torch.mul(flat, mixing.self_weight, out=acc)
         # Fixed neighbour order keeps the floating-point sum deterministic; early arrivals wait
         # in the transport's buffer meanwhile.
         for j in neighbors:
@@ -62,9 +76,19 @@ class DPSGD(Strategy):
             except PeerGone as exc:
                 if exc.rank != j:
                     raise
-                acc.add_(flat, alpha=mixing.drop(j, round))  # its weight is ours from now on
+                weight = mixing.drop(j, round)  # its weight is ours from now on
+                if robust is None:
+                    acc.add_(flat, alpha=weight)
                 continue
-            acc.add_(self._expect(reply, flat.numel()), alpha=mixing.weights[j])
+            value = self._expect(reply, flat.numel())
+            if robust is None:
+                acc.add_(value, alpha=mixing.weights[j])
+            else:
+                received[j] = value
+        if robust is not None:  # before the waits below, which may move weights again
+            self.robust_stats = robust.mix(flat, list(received.values()),
+                                    [mixing.weights[j] for j in received], mixing.self_weight,
+                                    out=acc)
         for j, delivery in sent.items():
             if j in mixing.dropped:  # it will never read it
                 continue
@@ -81,6 +105,9 @@ class DPSGD(Strategy):
     def _receive(self, j: int, round: int) -> Message:
         """Neighbour ``j``'s model to mix in ``round``: the one of that very round."""
         return self.transport.recv(src=j, kind=self.tag, round=round)
+
+    def record_fields(self, round: int) -> dict[str, Any]:
+        return {} if self.robust_stats is None else self.robust_stats.fields()
 
     def state_dict(self) -> dict[str, Any]:
         return {"dropped": dict(self.mixing.dropped)}

@@ -63,3 +63,20 @@ class PublicCopy:
             torch.sub(mixed[lo:hi], public[lo:hi], out=part)
             torch.add(flat[lo:hi], part, alpha=gamma, out=dest[lo:hi])
         return dest
+
+
+class Replicas:
+    """Each neighbour's public copy x̂_j on its own, as robust mixing needs them (the s-form
+    keeps only their weighted sum): deg(i) tensors more."""
+
+    def __init__(self, like: torch.Tensor, neighbors, copies=None):
+        self.copies = {j: torch.zeros_like(like) for j in neighbors} if copies is None else {
+            int(j): copy for j, copy in copies.items()}
+
+    def add(self, compressor: Compressor, j: int, payload: Payload, *, scale: float) -> bool:
+        """x̂_j += Q_j, the raw payload as j applied it; False (and nothing added) when it
+        holds a non-finite value (validated: ProtocolError if malformed)."""
+        if not all(torch.isfinite(b).all() for b in payload.buffers if b.is_floating_point()):
+            return False
+        compressor.add_to(payload, self.copies[j], alpha=scale)
+        return True

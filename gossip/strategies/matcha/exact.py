@@ -10,6 +10,7 @@ import torch
 from gossip.strategies.base import Strategy
 from gossip.strategies.matcha.options import MatchaOptions
 from gossip.strategies.matcha.schedule import MatchaSchedule
+from gossip.strategies.robust import Mixed
 from gossip.transport import Message
 
 
@@ -20,7 +21,8 @@ class Matcha(Strategy):
     A round in which this peer is in no active matching returns ``x`` without messages. A
     dead neighbour's edge is never active again: its weight ``alpha`` stays on our own value
     (``1 - alpha * live partners``), which keeps W(k) symmetric and doubly stochastic on the
-    survivors without any agreement between them.
+    survivors without any agreement between them. With ``robust=clip``, each partner's
+    difference x_j - x_i is clipped first (gossip/strategies/robust.py).
     """
 
     options_class = MatchaOptions
@@ -35,6 +37,18 @@ class Matcha(Strategy):
                                        budget=self.options.budget, seed=self.options.seed,
                                        tag=self.tag)
         self.plan = self.schedule.plan
+        self.robust = self.options.aggregator_for(topology)
+        held = self.capabilities_for(self.options)
+        self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
+                                                       held["checks_own_result"])
+        self.robust_stats: Mixed | None = None  # what robust mixing did in the latest round
+
+    @classmethod
+    def capabilities_for(cls, options: MatchaOptions) -> dict[str, Any]:
+        return options.robust_capabilities(super().capabilities_for(options))
+
+    def record_fields(self, round: int) -> dict[str, Any]:
+        return {} if self.robust is None else (self.robust_stats or Mixed(0.0, 0)).fields()
 
     @property
     def dropped(self) -> dict[int, int]:
@@ -57,6 +71,7 @@ class Matcha(Strategy):
         flat, dest = x.reshape(-1), self._output(x, out)
         schedule = self.schedule
         partners = schedule.live_partners(round)
+        self.robust_stats = None
         if not partners:  # isolated this round: keep x, send nothing
             if dest.data_ptr() != flat.data_ptr():
                 dest.copy_(flat)
@@ -67,14 +82,22 @@ class Matcha(Strategy):
         alpha = self.plan.alpha
         # Our own value is still being read by the sockets: accumulate apart, unless out is new.
         acc = dest if out is None else torch.empty_like(flat)
-        torch.mul(flat, 1.0 - len(partners) * alpha, out=acc)
+        robust, received = self.robust, []
+        if robust is None:
+            torch.mul(flat, 1.0 - len(partners) * alpha, out=acc)
         # Matching order keeps the floating-point sum deterministic.
         for q in partners:
             reply = schedule.recv_from(q, round)
             if reply is None:
-                acc.add_(flat, alpha=alpha)  # the edge's weight stays with us
-            else:
+                if robust is None:
+                    acc.add_(flat, alpha=alpha)  # the edge's weight stays with us
+            elif robust is None:
                 acc.add_(self._expect(reply, flat.numel()), alpha=alpha)
+            else:
+                received.append(self._expect(reply, flat.numel()))
+        if robust is not None:
+            self.robust_stats = robust.mix(flat, received, [alpha] * len(received),
+                                    1.0 - len(received) * alpha, out=acc)
         schedule.await_sends(partners, sent, round)
         if acc is not dest:
             dest.copy_(acc)

@@ -1,0 +1,248 @@
+"""Robust mixing: what a gossip peer makes of its own model and its neighbours' when some
+neighbours may be faulty or malicious (shared/specs/robust.md).
+
+An aggregator is a pure function of (own x_i, neighbours' x_j, weights w_ij, w_ii) -> new
+x_i; the gossip strategies (dpsgd, matcha) call it instead of their weighted sum when their
+``robust`` option names one:
+
+* ``clip`` (ClippedGossip, He, Karimireddy & Jaggi 2022): x_i + sum_j w_ij CLIP(x_j - x_i,
+  tau), each difference shortened to the radius tau. A round moves x_i by at most
+  (1 - w_ii) tau whatever the neighbours send; tau = inf is plain gossip, bit for bit. The
+  radius is fixed (``tau``) or chosen each round from the distances (``tau_rule``: ``second``,
+  the reference code's default, clips only the farthest neighbour to the second-largest
+  distance; ``delta`` clips the farthest neighbours holding weight ``delta`` to the distance
+  of the nearest one left). A common fixed tau on a symmetric W keeps the peers' mean (CLIP
+  is odd, so the pair (i, j) cancels); a per-peer radius does not.
+* ``trimmed-mean`` (Yin et al. 2018): per coordinate, over the peer and its neighbours, drop
+  the ``trim`` highest and lowest values and average the rest, ignoring W; it stays inside
+  the honest values' range when at most ``trim`` neighbours lie. ``median``: the same with
+  all but the middle one or two dropped.
+
+A neighbour's model with a non-finite value (NaN, inf, or a difference that overflows) is
+flagged and left out: clipping gives it a zero difference (its weight stays on x_i), trimming
+leaves it out of the sort (and trims fewer if too few are left). So the strategy takes them
+from the transport unchecked (capability ``checks_own_result``): a NaN neighbour is skipped,
+not waited for. The round's share of neighbours clipped or trimmed and the count flagged are
+what ``Mixed`` reports.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from gossip.errors import ConfigError
+from gossip.options import Options, at_least, option
+
+#: The ``robust`` option's values.
+RULES = ("clip", "trimmed-mean", "median")
+#: The adaptive radius rules of ``clip`` (``tau_rule``).
+TAU_RULES = ("second", "delta")
+
+
+@dataclass(frozen=True)
+class Mixed:
+    """What one robust mixing did: ``share`` of the neighbours' inputs clipped or trimmed (of
+    their coordinates, for trimming), and how many neighbours were ``flagged`` non-finite."""
+
+    share: float
+    flagged: int
+
+    def fields(self) -> dict[str, float | int]:
+        """The ``Record`` fields of the round (training/records.py)."""
+        return {"robust_share": self.share, "robust_flagged": self.flagged}
+
+
+class Aggregator(ABC):
+    """A robust replacement for the weighted sum x_i <- w_ii x_i + sum_j w_ij x_j."""
+
+    #: Mixing keeps the peers' average (on a symmetric W, with no one attacking).
+    preserves_mean: ClassVar[bool] = False
+
+    @abstractmethod
+    def mix(self, own: torch.Tensor, neighbours: Sequence[torch.Tensor],
+            weights: Sequence[float], self_weight: float, *, out: torch.Tensor) -> Mixed:
+        """Write the new x_i into ``out`` (not ``own`` or a neighbour's tensor), from the
+        flat tensors ``own`` and ``neighbours`` and their weights (summing to one)."""
+
+    def check(self, inputs: Iterable[tuple[int, int]]) -> None:
+        """Refuse a graph on which the rule cannot work: ``inputs`` gives (rank, how many
+        neighbours it mixes with). Raises ConfigError naming a rank."""
+
+
+def _finite(x: torch.Tensor) -> bool:
+    return bool(torch.isfinite(x).all())
+
+
+class Clip(Aggregator):
+    """Self-centred clipping to a fixed radius ``tau`` or one chosen by ``rule``."""
+
+    def __init__(self, *, tau: float | None = None, rule: str | None = None,
+                 delta: float | None = None):
+        if (tau is None) == (rule is None):
+            raise ConfigError("robust=clip: give either tau (a fixed radius) or tau_rule "
+                              f"({' or '.join(TAU_RULES)})")
+        self.tau, self.rule, self.delta = tau, rule, delta
+        self.preserves_mean = rule is None  # one radius for every peer: pairs cancel
+
+    def radius(self, distances: Sequence[float], weights: Sequence[float]) -> float:
+        """tau_i for this round from the neighbours' distances (inf: flagged)."""
+        if self.rule is None:
+            return self.tau
+        ranked = sorted(((d, w) for d, w in zip(distances, weights) if math.isfinite(d)),
+                        reverse=True)
+        if self.rule == "second":  # with a single neighbour nothing is clipped
+            return ranked[1][0] if len(ranked) > 1 else math.inf
+        # delta: the farthest holding weight delta (flagged ones count) go to the next one's.
+        budget = self.delta - sum(w for d, w in zip(distances, weights) if not math.isfinite(d))
+        for distance, weight in ranked:
+            if weight > budget:
+                return distance
+            budget -= weight
+        return 0.0
+
+    def mix(self, own, neighbours, weights, self_weight, *, out):
+        gap = torch.empty_like(own)
+        distances = []
+        for x in neighbours:
+            torch.sub(x, own, out=gap)
+            distance = float(torch.linalg.vector_norm(gap, dtype=torch.float64))
+            distances.append(distance if math.isfinite(distance) else math.inf)
+        tau = self.radius(distances, weights)
+        # x_i + sum w_j c_j, as plain gossip sums it where c_j = x_j - x_i: bitwise dpsgd then.
+        clipped = [not math.isfinite(d) or d > tau for d in distances]
+        keep = self_weight + sum(w for w, c in zip(weights, clipped) if c)
+        torch.mul(own, keep, out=out)
+        for x, w, d, c in zip(neighbours, weights, distances, clipped):
+            if not c:
+                out.add_(x, alpha=w)
+            elif math.isfinite(d) and tau > 0:
+                # Scaled to [-1, 1] first: tau / d may be below the dtype's normal range.
+                torch.sub(x, own, out=gap)
+                gap.div_(gap.abs().max())
+                gap.mul_(tau / float(torch.linalg.vector_norm(gap, dtype=torch.float64)))
+                out.add_(gap, alpha=w)
+        flagged = sum(not math.isfinite(d) for d in distances)
+        return Mixed(sum(clipped) / len(neighbours) if neighbours else 0.0, flagged)
+
+
+class TrimmedMean(Aggregator):
+    """Coordinate-wise trimmed mean of the peer and its neighbours: ``trim`` values dropped
+    at each end (``trim=None``: the median)."""
+
+    def __init__(self, trim: int | None):
+        self.trim = trim
+
+    def _trim(self, count: int) -> int:
+        """How many to drop at each end of ``count`` values (fewer when flagged neighbours
+        left too few: those were surely faulty, so fewer liars remain)."""
+        most = (count - 1) // 2
+        return most if self.trim is None else min(self.trim, most)
+
+    def check(self, inputs):
+        if self.trim is None:
+            return
+        for rank, neighbours in inputs:
+            if neighbours + 1 - 2 * self.trim < 1:
+                raise ConfigError(
+                    f"trim={self.trim}: rank {rank} mixes {neighbours + 1} models (itself and "
+                    f"{neighbours} neighbours), none left after dropping {self.trim} high and "
+                    f"{self.trim} low per coordinate; lower trim or use robust=median")
+
+    def mix(self, own, neighbours, weights, self_weight, *, out):
+        valid = [x for x in neighbours if _finite(x)]
+        stack = torch.stack([own, *valid])
+        count, trim = len(stack), self._trim(len(stack))
+        ordered, origin = torch.sort(stack, dim=0)
+        torch.mean(ordered[trim:count - trim], dim=0, out=out)
+        dropped = torch.cat([origin[:trim], origin[count - trim:]])
+        trimmed = int((dropped != 0).sum()) + (len(neighbours) - len(valid)) * own.numel()
+        total = len(neighbours) * own.numel()
+        return Mixed(trimmed / total if total else 0.0, len(neighbours) - len(valid))
+
+
+@dataclass(frozen=True)
+class RobustOptions(Options):
+    """The options of a gossip strategy that can mix robustly (dpsgd, matcha)."""
+
+    #: The rules this strategy's rounds allow (matcha's rounds may have a single partner).
+    robust_rules: ClassVar[tuple[str, ...]] = RULES
+
+    robust: str | None = option(
+        None, f"robust mixing against faulty or malicious neighbours: {', '.join(RULES)} "
+              f"(none: the weighted sum)",
+        check=lambda r: None if r in RULES else f"must be one of {', '.join(RULES)}")
+    tau: float | None = option(
+        None, "robust=clip: the fixed radius each neighbour's difference is clipped to "
+              "(.inf, YAML's infinity: plain gossip)",
+        check=lambda t: None if t > 0 else "must be positive (inf allowed)")
+    tau_rule: str | None = option(
+        None, "robust=clip: choose the radius each round: second (the second-largest "
+              "distance) or delta (clip the farthest neighbours holding weight delta)",
+        check=lambda r: None if r in TAU_RULES else f"must be one of {', '.join(TAU_RULES)}")
+    delta: float | None = option(
+        None, "tau_rule=delta: the neighbours' weight that may be Byzantine, in (0, 1)",
+        check=lambda d: None if 0 < d < 1 else "must be in (0, 1)")
+    trim: int | None = option(
+        None, "robust=trimmed-mean: values dropped at each end, per coordinate",
+        check=at_least(1))
+
+    def __post_init__(self):
+        super().__post_init__()
+        rule = self.robust
+        if rule is not None and rule not in self.robust_rules:
+            raise ConfigError(f"robust={rule}: {self.robust_refusal(rule)}")
+        given = {name for name in ("tau", "tau_rule", "delta", "trim")
+                 if getattr(self, name) is not None}
+        allowed = {"clip": {"tau", "tau_rule", "delta"}, "trimmed-mean": {"trim"}}.get(rule, set())
+        for name in sorted(given - allowed):
+            raise ConfigError(f"{name} is an option of robust="
+                              f"{'trimmed-mean' if name == 'trim' else 'clip'}, not of "
+                              f"robust={rule or 'none'}")
+        self.aggregator()  # refuses a clip without exactly one radius
+        if (self.tau_rule == "delta") != ("delta" in given):
+            raise ConfigError("delta goes with tau_rule=delta, and tau_rule=delta needs it")
+        if rule == "trimmed-mean" and self.trim is None:
+            raise ConfigError("robust=trimmed-mean needs trim (values dropped at each end)")
+        why = self.robust_conflict() if rule is not None else None
+        if why:
+            raise ConfigError(f"robust={rule}: {why}")
+
+    def robust_refusal(self, rule: str) -> str:
+        """Why this strategy does not allow ``rule`` (one not in ``robust_rules``)."""
+        return f"this strategy allows robust={' or '.join(self.robust_rules)}"
+
+    def robust_conflict(self) -> str | None:
+        """Why these options cannot mix robustly (None: they can)."""
+        return None
+
+    def aggregator(self) -> Aggregator | None:
+        """The aggregator these options name (None: the plain weighted sum)."""
+        if self.robust == "clip":
+            return Clip(tau=self.tau, rule=self.tau_rule, delta=self.delta)
+        if self.robust is not None:
+            return TrimmedMean(self.trim)
+        return None
+
+    def aggregator_for(self, topology) -> Aggregator | None:
+        """``aggregator()``, checked against every rank's neighbourhood in ``topology``."""
+        robust = self.aggregator()
+        if robust is not None:
+            robust.check((r, len(topology.neighbors(r))) for r in range(topology.size))
+        return robust
+
+    def robust_capabilities(self, held: dict[str, Any]) -> dict[str, Any]:
+        """A gossip strategy's capabilities ``held`` with these options' robust mixing: the
+        average is kept only with a common radius, and non-finite models are left out by the
+        aggregator, so the transport need not reject them (a neighbour sending NaN would
+        otherwise stall the round until it is declared timed out)."""
+        robust = self.aggregator()
+        if robust is None:
+            return dict(held)
+        return {**held, "preserves_mean": held["preserves_mean"] and robust.preserves_mean,
+                "checks_own_result": True}
