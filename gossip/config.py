@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from gossip.attacks import Attacks
 from gossip.errors import ConfigError
 from gossip.faults import DelayConfig
 
@@ -43,6 +44,8 @@ class TrainConfig:
             peer restarted with ``--resume`` rejoins from it. Also makes every peer keep its
             last few messages per neighbour, to re-send them to a restarted one.
         delays: Injected compute, straggler and send delays (see gossip.faults).
+        attack: Attacking peers (see gossip.attacks): ``"RANK:KIND[,KEY=VALUE...]"``, a
+            list of those, or a mapping rank -> kind.
         task_options: Keyword arguments of the task's factory (e.g. ``width``, ``depth`` of
             ``deep-mlp``).
         layer_delay: Emulated device: seconds each layer of the model sleeps in forward
@@ -74,6 +77,7 @@ class TrainConfig:
     dead_after: float = 5.0
     checkpoint_every: int = 0
     delays: DelayConfig = field(default_factory=DelayConfig)
+    attack: Attacks = field(default_factory=Attacks)
     task_options: Mapping[str, Any] = field(default_factory=dict)
     layer_delay: float = 0.0
     overlap: bool = False
@@ -108,6 +112,7 @@ class TrainConfig:
                  "must be >= 0 (0: no checkpoints)")
         _require(isinstance(self.delays, DelayConfig), "delays", self.delays,
                  "must be a DelayConfig")
+        object.__setattr__(self, "attack", Attacks.parse(self.attack))
         _require(isinstance(self.task_options, Mapping), "task_options", self.task_options,
                  "must be a mapping")
         _require(self.layer_delay >= 0, "layer_delay", self.layer_delay, "must be >= 0")
@@ -134,6 +139,7 @@ class TrainConfig:
         data["options"] = dict(self.options)
         data["task_options"] = dict(self.task_options)
         data["delays"] = self.delays.to_dict()
+        data["attack"] = self.attack.to_dict()
         return data
 
     @classmethod

@@ -186,6 +186,9 @@ def topology_modes(topology) -> set[str]:
 def check_run(config, topology=None, **more: bool) -> None:
     """``check`` for a run of ``config`` on ``topology`` (see ``run_modes``)."""
     check(config.strategy, config.options, run_modes(config, topology, **more))
+    config.attack.check(topology.size if topology is not None else None,
+                        label(config.strategy, config.options),
+                        capabilities(config.strategy, config.options))
 
 
 # -- the table ---------------------------------------------------------------------------

@@ -64,6 +64,9 @@ def _train_options(fn):
                      help="Sleep before every send: SECONDS for all ranks, or RANK:SECONDS, "
                           "repeatable."),
         click.option("--delay-seed", type=int, help="Seed of the straggler draws (default --seed)."),
+        click.option("--attack", multiple=True, metavar="RANK:KIND[,KEY=VALUE...]",
+                     help="Rank attacks: signflip, gaussian (sigma), alie (z), ipm (epsilon), "
+                          "dissensus (epsilon), labelflip, stale (k); repeatable."),
         click.option("--arbiter", metavar="ADDRESS",
                      help="Share each peer's device with other jobs through this arbiter: "
                           "ipc://PATH or tcp://HOST:PORT (`gossip arbiter`), flock:DIR, "
@@ -94,7 +97,7 @@ def _train_options(fn):
 
 def _train_config(config_path, strategy_options, *, compute_delay=None, slowdown=(),
                   straggler_prob=None, straggler_mean=None, send_delay=(), delay_seed=None,
-                  arbiter=None, device=None, job=None, task_options=(), **flags):
+                  arbiter=None, device=None, job=None, task_options=(), attack=(), **flags):
     from gossip.config import TrainConfig
 
     base = TrainConfig.from_yaml(config_path).to_dict() if config_path else {}
@@ -112,6 +115,8 @@ def _train_config(config_path, strategy_options, *, compute_delay=None, slowdown
         else:
             delays["send_delay"] = _rank_values("--send-delay", send_delay)
     base["delays"] = delays
+    if attack:
+        base["attack"] = list(attack)
     base["options"] = key_values("--option", base.get("options"), strategy_options)
     base["task_options"] = key_values("--task-option", base.get("task_options"), task_options)
     return TrainConfig.from_dict(base, source=config_path or "command line")
@@ -202,6 +207,7 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
         return
     with Peer(rank, topology, config.strategy, timeout=config.timeout, key_file=key_file,
               send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
+              attack=config.attack.for_rank(rank, seed=config.seed),
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
               rendezvous=meeting.rendezvous, **config.options) as node:
         agreed = meeting.settle(node, run_dir, config, checkpoint_path)

@@ -211,6 +211,7 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
             return {}
         with Peer(rank, topology, config.strategy, transport=transport,
                   send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
+                  attack=config.attack.for_rank(rank, seed=config.seed),
                   **config.options) as node:
             trainer = Trainer(node, config, on_round=lambda line: recorded(rank, line))
             trainer.delays = world.compute.delays(trainer.delays)
