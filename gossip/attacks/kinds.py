@@ -128,7 +128,9 @@ def baruch_z(n: int, f: int) -> float:
     """ALIE's z for ``f`` attackers among ``n`` peers (Baruch et al. 2019):
     s = floor(n/2 + 1) - f, z = Phi^-1((n - f - s) / (n - f))."""
     s = math.floor(n / 2 + 1) - f
-    return NormalDist().inv_cdf((n - f - s) / (n - f)) if 0 < n - f - s < n - f else math.nan
+    if not 0 <= f < n / 2 or not 0 < n - f - s < n - f:  # the formula's domain
+        return math.nan
+    return NormalDist().inv_cdf((n - f - s) / (n - f))
 
 
 @_kind("alie")

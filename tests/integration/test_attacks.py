@@ -8,6 +8,7 @@ Each peer synchronizes ``data[round, rank]`` in each round, so honest peer i's r
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -15,8 +16,12 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from gossip.attacks import Attack
-from support import assert_same, peer_data, run_in_threads
+from gossip.attacks import Attack, Attacks
+from gossip.config import TrainConfig
+from gossip.sim import simulate_run
+from gossip.sim.runner import peer_threads
+from gossip.training.synchronous import train
+from support import assert_same, make_local_topology, peer_data, run_in_threads
 from support.peers import peer_once_all_bound
 
 SIGMA, Z, EPS, K = 0.5, 1.5, 0.7, 2
@@ -128,3 +133,43 @@ def test_oracle_z_matches_the_library():
     n, f = 25, 5
     s = n // 2 + 1 - f
     assert baruch_z(n, f) == pytest.approx(norm.ppf((n - f - s) / (n - f)))
+
+
+# -- attacked training, real and simulated ---------------------------------------------------
+
+COMPARED = ("round", "loss", "accuracy", "consensus", "avg_accuracy", "bytes_sent")
+
+
+def real_training(topology, config: TrainConfig) -> list[list[dict]]:
+    """Every peer a thread over ZeroMQ, as `gossip peer` runs it: its lines."""
+    all_bound = threading.Barrier(topology.size, timeout=60)
+
+    def peer_main(rank: int) -> list[dict]:
+        torch.set_num_threads(peer_threads())
+        lines: list[dict] = []
+        with peer_once_all_bound(rank, topology, config.strategy, all_bound, timeout=60,
+                                 attack=config.attack.for_rank(rank, seed=config.seed),
+                                 **config.options) as peer:
+            train(peer, config, on_round=lines.append)
+        return lines
+
+    return run_in_threads(topology.size, peer_main, timeout=120)
+
+
+@pytest.mark.parametrize("attack", ["1:labelflip", "1:alie,z=1", "3:stale,k=2"])
+def test_simulated_attacked_training_is_the_real_one(attack):
+    """The simulator runs the same attacker; and the attack changes the honest peers' run."""
+    config = TrainConfig.from_dict({"rounds": 3, "eval_every": 1, "batch_size": 16,
+                                    "seed": 7, "attack": attack})
+    topology = make_local_topology("ring", 5)
+    real = real_training(topology, config)
+    sim = simulate_run(config, topology, "unused", write=False)
+    assert sim.failed == {}
+    for rank, lines in enumerate(real):
+        assert [{k: line[k] for k in COMPARED} for line in sim.records[rank]] == \
+            [{k: line[k] for k in COMPARED} for line in lines]
+    clean = simulate_run(dataclasses.replace(config, attack=Attacks()), topology, "unused",
+                         write=False)
+    attacker = next(iter(config.attack.by_rank))
+    honest = [rank for rank in range(5) if rank != attacker]
+    assert any(clean.records[r][-1]["loss"] != sim.records[r][-1]["loss"] for r in honest)
