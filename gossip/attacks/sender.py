@@ -6,12 +6,13 @@ payload for its destination instead of the model; control messages, goodbyes and
 consensus probe go out as they are (they never pass through ``send`` here).
 
 Kinds that need the neighbours' models are rushing: the attacker holds back its messages of a
-round until the strategy first receives in that round (a gossip strategy sends to every
-neighbour, then receives), receives the round's model from each honest destination first (on
-an undirected graph every destination sends to it too), computes each destination's payload
-from those, sends, and hands the held models to the strategy as they would have come.
-Attackers never wait for each other. What an attacker knows is thus what it receives: the
-destination's model and those of the destination's honest neighbours that are also its own.
+round until its strategy first reads in that round (gossip sends to every neighbour, then
+receives; every round-keyed read starts with ``recv`` or ``at_round``), receives the round's
+model from each honest destination first (symmetric gossip: every destination sends to it
+too), puts those messages back for its strategy, computes each destination's payload and
+sends. Attackers never wait for each other. What an attacker knows is thus what it receives:
+the destination's model and those of the destination's honest neighbours that are also its
+own.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from gossip.attacks.kinds import View
 from gossip.attacks.spec import Attack, refusal
 from gossip.errors import ConfigError, PeerGone
+from gossip.strategies.base import CAPABILITIES
 from gossip.transport import Message
 
 
@@ -56,7 +58,6 @@ class Attacker:
         self.aimed: frozenset[str] = frozenset()
         self.mixing = topology.mixing_matrix()
         self.held: list[tuple[int, Message, bool, Held]] = []
-        self.received: dict[tuple[int, str, int], Message] = {}  # models taken while rushing
         self.history: dict[str, deque[tuple[int, torch.Tensor]]] = {}
 
     def aim(self, strategy) -> None:
@@ -67,7 +68,7 @@ class Attacker:
                 without lockstep rounds.
         """
         why = refusal(self.attack.kind, type(strategy).__name__,
-                      {key: getattr(strategy, key) for key in ("operates_on", "synchronous")})
+                      {key: getattr(strategy, key) for key in CAPABILITIES})
         if why:
             raise ConfigError(why)
         self.aimed |= frozenset(strategy.kinds)
@@ -86,12 +87,11 @@ class Attacker:
 
     def recv(self, **match) -> Message:
         self.release()
-        src, kind, round = match.get("src"), match.get("kind"), match.get("round")
-        for key in self.received:
-            if ((src is None or key[0] == src) and (kind is None or key[1] == kind)
-                    and (round is None or key[2] == round)):
-                return self.received.pop(key)
         return self.inner.recv(**match)
+
+    def at_round(self, round: int) -> None:
+        self.release()
+        self.inner.at_round(round)
 
     def release(self) -> None:
         """Send the held messages: receive the round's models of the honest destinations
@@ -108,7 +108,7 @@ class Attacker:
                 if exc.rank != dst:
                     raise
                 continue
-            self.received[(dst, msg.kind, msg.round)] = reply
+            self.inner.inbox.put_back(reply)
             known[dst] = reply.buffers[0]
         for dst, msg, track, handle in held:
             known = models[(msg.kind, msg.round)]

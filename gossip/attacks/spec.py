@@ -44,12 +44,14 @@ def kind_named(name: str, params: Mapping[str, Any], *, source: str = "attack") 
 
 def refusal(kind: AttackKind, strategy: str, capabilities: Mapping[str, Any]) -> str | None:
     """Why ``kind`` cannot attack a strategy with these capabilities (None: it can)."""
-    if capabilities["operates_on"] != "params":
-        return (f"attack {kind.name}: strategy {strategy} sends gradients, not models; "
-                f"attacks need a gossip strategy (dpsgd)")
-    if kind.needs == "neighbours" and not capabilities["synchronous"]:
-        return (f"attack {kind.name}: it waits for the round's models of its neighbours, and "
-                f"strategy {strategy} has no rounds")
+    if capabilities["operates_on"] != "params" or capabilities["needs_every_peer"]:
+        return (f"attack {kind.name}: strategy {strategy} does not send its model to its "
+                f"neighbours; attacks need a gossip strategy (dpsgd, matcha)")
+    if kind.needs == "neighbours" and not (capabilities["synchronous"]
+                                           and capabilities["preserves_mean"]):
+        return (f"attack {kind.name}: it waits for the round's model of each neighbour it "
+                f"sends to, which only symmetric gossip in rounds sends back (synchronous, "
+                f"preserves_mean); strategy {strategy} does not")
     return None
 
 

@@ -159,8 +159,8 @@ def test_train_config_carries_the_attack():
 
 @pytest.mark.parametrize("attack, strategy, message", [
     ("7:signflip", "dpsgd", "rank 7 is not in the run"),
-    ("1:signflip", "ring-allreduce", "gradients, not models"),
-    ("1:ipm", "adpsgd", "no rounds"),
+    ("1:signflip", "ring-allreduce", "does not send its model"),
+    ("1:ipm", "adpsgd", "symmetric gossip in rounds"), ("1:alie,z=1", "sgp", "symmetric gossip"),
     ("1:alie", "dpsgd", "give z")])
 def test_runs_an_attack_cannot_fit_are_refused_before_they_start(attack, strategy, message):
     with pytest.raises(ConfigError, match=message):
