@@ -67,6 +67,8 @@ class AttackKind(Options):
 
     #: What ``payload`` reads: ``own``, ``history`` or ``neighbours`` (see the module doc).
     needs: ClassVar[Literal["own", "history", "neighbours"]] = "own"
+    #: Its name in ``ATTACKS`` (set as it registers).
+    registered: ClassVar[str] = ""
 
     def payload(self, view: View) -> torch.Tensor:
         """What the attacker sends to ``view.dst`` in ``view.round`` (a new tensor)."""
@@ -84,7 +86,7 @@ class AttackKind(Options):
 
     @property
     def name(self) -> str:
-        return type(self).registered
+        return self.registered
 
 
 def _kind(name: str):

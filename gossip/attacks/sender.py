@@ -45,7 +45,7 @@ class Held:
 class Attacker:
     """``transport`` wrapped so that the strategy's messages carry ``attack``'s payloads.
 
-    Everything but ``send`` and ``recv`` is the wrapped transport's own.
+    Everything but ``send``, ``recv`` and ``at_round`` is the wrapped transport's own.
 
     Args:
         transport: The peer's transport.
@@ -64,8 +64,7 @@ class Attacker:
         """Attack ``strategy``'s messages from now on (its kinds).
 
         Raises:
-            ConfigError: its messages are not models, or a rushing attack meets a strategy
-                without lockstep rounds.
+            ConfigError: the attack does not fit the strategy (``spec.refusal``).
         """
         why = refusal(self.attack.kind, type(strategy).__name__,
                       {key: getattr(strategy, key) for key in CAPABILITIES})

@@ -14,10 +14,13 @@ import threading
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from scipy.stats import norm
 
 from gossip.attacks import Attack, Attacks
+from gossip.cli import main
 from gossip.config import TrainConfig
+from gossip.metrics import read_jsonl
 from gossip.sim import simulate_run
 from gossip.sim.runner import peer_threads
 from gossip.training.synchronous import train
@@ -173,3 +176,20 @@ def test_simulated_attacked_training_is_the_real_one(attack):
     attacker = next(iter(config.attack.by_rank))
     honest = [rank for rank in range(5) if rank != attacker]
     assert any(clean.records[r][-1]["loss"] != sim.records[r][-1]["loss"] for r in honest)
+
+
+def test_the_attack_flags_reach_the_simulated_peers(tmp_path):
+    """With lr 0 the peers only mix one shared model, so consensus stays 0 unless someone
+    attacks; the run directory's config keeps the attackers."""
+    def simulate(*args: str):
+        return CliRunner().invoke(main, ["simulate", "--quiet", "--peers", "5", "--rounds", "2",
+                                         "--lr", "0", "--batch-size", "16",
+                                         "--run-dir", str(tmp_path), *args])
+
+    flags = ["2:signflip", "4:gaussian,sigma=0.1,seed=3"]
+    result = simulate(*[arg for flag in flags for arg in ("--attack", flag)])
+    assert result.exit_code == 0, result.output
+    assert TrainConfig.from_yaml(tmp_path / "config.yaml").attack == Attacks.parse(flags)
+    assert read_jsonl(tmp_path / "peer-0.jsonl")[-1]["consensus"] > 0
+    refused = simulate("--attack", "9:signflip")
+    assert refused.exit_code == 1 and "rank 9 is not in the run" in refused.output
