@@ -42,6 +42,27 @@ class Held:
         self.delivery.wait(timeout)
 
 
+class Received:
+    """What a rushing attacker knows on real peers: the round's model of each honest
+    destination, received from it first and put back for the strategy."""
+
+    def __init__(self, transport):
+        self.transport = transport
+
+    def models(self, kind: str, round: int, destinations) -> dict[int, torch.Tensor]:
+        known = {}
+        for dst in destinations:
+            try:
+                reply = self.transport.recv(src=dst, kind=kind, round=round)
+            except PeerGone as exc:  # the strategy's own receive will meet it
+                if exc.rank != dst:
+                    raise
+                continue
+            self.transport.inbox.put_back(reply)
+            known[dst] = reply.buffers[0]
+        return known
+
+
 class Attacker:
     """``transport`` wrapped so that the strategy's messages carry ``attack``'s payloads.
 
@@ -59,6 +80,7 @@ class Attacker:
         self.mixing = topology.mixing_matrix()
         self.held: list[tuple[int, Message, bool, Held]] = []
         self.history: dict[str, deque[tuple[int, torch.Tensor]]] = {}
+        self.knowledge = attack.oracle or Received(transport)
 
     def aim(self, strategy) -> None:
         """Attack ``strategy``'s messages from now on (its kinds).
@@ -96,22 +118,13 @@ class Attacker:
         """Send the held messages: receive the round's models of the honest destinations
         first (never those of attackers), then each destination's payload."""
         held, self.held = self.held, []
-        models: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
+        destinations: dict[tuple[str, int], list[int]] = {}
         for dst, msg, _, _ in held:
-            known = models.setdefault((msg.kind, msg.round), {})
-            if dst in self.attack.attackers or dst in known:
-                continue
-            try:
-                reply = self.inner.recv(src=dst, kind=msg.kind, round=msg.round)
-            except PeerGone as exc:  # the strategy's own receive will meet it
-                if exc.rank != dst:
-                    raise
-                continue
-            self.inner.inbox.put_back(reply)
-            known[dst] = reply.buffers[0]
+            if dst not in self.attack.attackers:
+                destinations.setdefault((msg.kind, msg.round), []).append(dst)
+        models = {key: self.knowledge.models(*key, dsts) for key, dsts in destinations.items()}
         for dst, msg, track, handle in held:
-            known = models[(msg.kind, msg.round)]
-            view = self.view(dst, msg, known)
+            view = self.view(dst, msg, models.get((msg.kind, msg.round), {}))
             payload = msg if view.target is None else self.attacked(dst, msg, view)
             handle.delivery = self.inner.send(dst, payload, track=track)
 

@@ -64,11 +64,15 @@ class Attack:
         seed: Seeds its random draws.
         attackers: Every attacking rank of the run (its colluders and itself): they never
             wait for each other, and the dissensus attack divides by their weights.
+        oracle: Where a rushing attack reads the round's honest models (``models(kind,
+            round, destinations)``: theirs and their honest neighbours'); None: from what
+            its destinations send it (gossip/attacks/sender.py). The simulator has one.
     """
 
     kind: AttackKind
     seed: int = 0
     attackers: frozenset[int] = frozenset()
+    oracle: Any = field(default=None, compare=False)
 
     @classmethod
     def named(cls, kind: str, *, seed: int = 0, attackers=(), **params: Any) -> Attack:
@@ -117,6 +121,11 @@ class Attacks:
 
     def __bool__(self) -> bool:
         return bool(self.by_rank)
+
+    @property
+    def rushing(self) -> bool:
+        """Whether an attacker reads the round's honest models before it sends."""
+        return any(kind.needs == "neighbours" for kind, _ in self.by_rank.values())
 
     def for_rank(self, rank: int, *, seed: int) -> Attack | None:
         """``rank``'s attack (None: it is honest); ``seed`` unless the entry has its own."""

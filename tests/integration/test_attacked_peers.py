@@ -21,8 +21,12 @@ from gossip.attacks import Attack, Attacks
 from gossip.cli import main
 from gossip.config import TrainConfig
 from gossip.metrics import read_jsonl
+from gossip.peer import Peer
+from gossip.sim import SimWorld
 from gossip.sim import simulate_run
 from gossip.sim.runner import peer_threads
+from gossip.sim.rushing import Board, rushing
+from gossip.topology import Topology
 from gossip.training.synchronous import train
 from support import assert_same, make_local_topology, peer_data, run_in_threads
 from support.peers import peer_once_all_bound
@@ -159,12 +163,14 @@ def real_training(topology, config: TrainConfig) -> list[list[dict]]:
     return run_in_threads(topology.size, peer_main, timeout=120)
 
 
-@pytest.mark.parametrize("attack", ["1:labelflip", "1:alie,z=1", "3:stale,k=2"])
-def test_simulated_attacked_training_is_the_real_one(attack):
-    """The simulator runs the same attacker; and the attack changes the honest peers' run."""
+@pytest.mark.parametrize("attack, graph", [("1:labelflip", "ring"), ("3:stale,k=2", "ring"),
+                                           ("1:alie,z=1", "complete")])
+def test_simulated_attacked_training_is_the_real_one(attack, graph):
+    """The simulator runs the same attacker (a rushing one knows more there, except on a
+    complete graph); and the attack changes the honest peers' run."""
     config = TrainConfig.from_dict({"rounds": 3, "eval_every": 1, "batch_size": 16,
                                     "seed": 7, "attack": attack})
-    topology = make_local_topology("ring", 5)
+    topology = make_local_topology(graph, 5)
     real = real_training(topology, config)
     sim = simulate_run(config, topology, "unused", write=False)
     assert sim.failed == {}
@@ -193,3 +199,34 @@ def test_the_attack_flags_reach_the_simulated_peers(tmp_path):
     assert read_jsonl(tmp_path / "peer-0.jsonl")[-1]["consensus"] > 0
     refused = simulate("--attack", "9:signflip")
     assert refused.exit_code == 1 and "rank 9 is not in the run" in refused.output
+
+
+def test_a_simulated_rushing_attacker_sees_every_honest_model():
+    """On a ring the attacker is no neighbour of its targets' other neighbours, yet in the
+    simulator dissensus at epsilon = 1 leaves both its targets' models unchanged (invariant
+    5), while the peers it does not reach mix as plain gossip does."""
+    topology = Topology.ring(5)
+    data = peer_data(3, 5, (6,), torch.float64, seed=2)
+    attacks = Attacks.parse("1:dissensus,epsilon=1")
+    world = SimWorld(5)
+    board = Board(world, topology, attacks.by_rank)
+    results = torch.empty_like(data)
+
+    def main(rank: int):
+        def run():
+            transport, attack = rushing(board, world.transport(rank, timeout=10),
+                                        attacks.for_rank(rank, seed=0), 10)
+            with Peer(rank, topology, "dpsgd", transport=transport, attack=attack) as peer:
+                for r in range(3):
+                    results[r, rank] = peer.synchronize(data[r, rank].clone(), r)
+        return run
+
+    tasks = [world.spawn(rank, main(rank)) for rank in range(5)]
+    world.scheduler.run()
+    assert [task.error for task in tasks] == [None] * 5
+    torch.testing.assert_close(results[:, [0, 2]], data[:, [0, 2]], rtol=1e-12, atol=1e-12)
+    w = topology.mixing_matrix()
+    for i in (3, 4):
+        want = sum(w[i][j] * data[:, j] for j in (i - 1, i, (i + 1) % 5))
+        torch.testing.assert_close(results[:, i], want, rtol=1e-12, atol=1e-12)
+    assert board.models == {} or min(r for _, r in board.models) >= 2  # older rounds dropped
