@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from gossip.attacks import Attacks
 from gossip.errors import ConfigError
 from gossip.faults import DelayConfig
 from gossip.matrix import check_run
@@ -97,6 +98,8 @@ class TrainConfig(Options):
         2.0, "Asynchronous strategies: each peer saves its model every this many seconds of "
              "wall clock, for the consensus (gossip.snapshots); 0: no snapshots.",
         check=_rule(lambda v: v >= 0, "must be >= 0 (0: no snapshots)"))
+    attack: Attacks = option(Attacks(), "Attacking peers (gossip.attacks): RANK:KIND[,KEY=VALUE"
+                                        "...] strings, or a mapping (experiments only).")
 
     @classmethod
     def refusal(cls, name: str, value: Any, why: str) -> ConfigError:
@@ -126,6 +129,7 @@ class TrainConfig(Options):
         data["options"] = dict(self.options)
         data["task_options"] = dict(self.task_options)
         data["delays"] = self.delays.to_dict()
+        data["attack"] = self.attack.to_dict()
         return data
 
     @classmethod
@@ -145,6 +149,8 @@ class TrainConfig(Options):
         try:
             if "delays" in values:
                 values["delays"] = DelayConfig.from_dict(values["delays"])
+            if "attack" in values:
+                values["attack"] = Attacks.parse(values["attack"])
             return cls(**values)
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None

@@ -179,6 +179,8 @@ def topology_modes(topology) -> set[str]:
 def check_run(config, topology=None, **more: bool) -> None:
     """``check`` for a run of ``config`` on ``topology`` (see ``run_modes``)."""
     check(config.spec, None, run_modes(config, topology, **more))
+    config.attack.check(topology.size if topology is not None else None,
+                        config.spec.name, config.spec.capabilities())
 
 
 # -- the table ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from gossip import keys
+from gossip.attacks import Attack, Attacker
 from gossip.device import HostStaging
 from gossip.errors import ConfigError, PeerNotOpen, TransportBusy
 from gossip.matrix import check, topology_modes
@@ -48,6 +49,8 @@ class Peer:
             neighbour restarted from a checkpoint can rejoin (``rejoin``).
         send_delay: Fault injection: sleep this many seconds before each message of the
             strategy this peer sends (an emulated slow sender).
+        attack: Fault injection: this peer attacks (a ``gossip.attacks.Attack``): its
+            strategy's messages carry the attack's payloads instead of its model.
         comm_threads: torch intra-op threads of a round's communication and math (default:
             this machine's cores divided by the topology's peers on it, at least 1; see
             gossip/threads.py for why more threads than cores stall every peer).
@@ -68,7 +71,8 @@ class Peer:
                  transport: Transport | None = None, local_ipc: bool = True,
                  key_file: str | Path | None = None, dead_after: float = DEAD_AFTER_S,
                  keep_for_rejoin: bool = False, send_delay: float = 0.0,
-                 comm_threads: int | None = None, rendezvous=None, **options: Any):
+                 comm_threads: int | None = None, rendezvous=None, attack: Attack | None = None,
+                 **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
         # The strategy's options parsed once, here, and the matrix checked now (overlap
@@ -83,6 +87,9 @@ class Peer:
             raise ConfigError(f"send_delay must be >= 0 seconds, got {send_delay!r}")
         if comm_threads is not None and (not isinstance(comm_threads, int) or comm_threads < 1):
             raise ConfigError(f"comm_threads must be a positive integer, got {comm_threads!r}")
+        if attack is not None and not isinstance(attack, Attack):
+            raise ConfigError(f"attack must be a gossip.attacks.Attack, got {attack!r}")
+        self.attack = None if attack is None else attack.resolved(rank, topology.size)
         self.rank = rank
         self.topology = topology
         self.timeout = timeout
@@ -114,8 +121,12 @@ class Peer:
                                           dead_after=self.dead_after).open()
         if self.keep_for_rejoin:
             self.transport.membership.keep_for_rejoin()
+        if self.attack is not None:
+            self.transport = Attacker(self.transport, self.attack, self.topology)
         try:
             self.strategy = self._add(self.builder)
+            if self.attack is not None:
+                self.transport.aim(self.strategy)
             if self.send_delay:
                 self.transport.delay_sends(self.send_delay, self.strategy.kinds)
         except BaseException:

@@ -55,6 +55,7 @@ def _shown(default) -> str:
 def other_flags() -> list[click.Option]:
     """The training flags that are no TrainConfig field (strategy and task options, delays,
     the shared device, the config file)."""
+    from gossip.attacks import ATTACKS
     return [
         click.Option(["--option", "strategy_options"], multiple=True, metavar="KEY=VALUE",
                      help="Strategy option, repeatable (e.g. piece_bytes=1048576)."),
@@ -71,6 +72,9 @@ def other_flags() -> list[click.Option]:
                           "repeatable."),
         click.Option(["--delay-seed"], type=int,
                      help="Seed of the straggler draws (default --seed)."),
+        click.Option(["--attack"], multiple=True, metavar="RANK:KIND[,KEY=VALUE...]",
+                     help=f"This rank attacks ({', '.join(ATTACKS.names())}), repeatable "
+                          "with KEY=VALUE parameters (docs/ARCHITECTURE.md, Attacks)."),
         click.Option(["--arbiter"], metavar="ADDRESS",
                      help="Share each peer's device with other jobs through this arbiter: "
                           "ipc://PATH or tcp://HOST:PORT (`gossip arbiter`), flock:DIR, "
@@ -105,7 +109,7 @@ class TrainingCommand(click.Command):
 
 def train_config(config_path, strategy_options, *, compute_delay=None, slowdown=(),
                  straggler_prob=None, straggler_mean=None, send_delay=(), delay_seed=None,
-                 arbiter=None, device=None, job=None, task_options=(), **flags):
+                 arbiter=None, device=None, job=None, task_options=(), attack=(), **flags):
     """The TrainConfig of the training flags: ``--config``'s file (if any), each flag given
     on top. ``arbiter``, ``device`` and ``job`` are read by the caller (the shared device)."""
     from gossip.config import TrainConfig
@@ -125,6 +129,8 @@ def train_config(config_path, strategy_options, *, compute_delay=None, slowdown=
         else:
             delays["send_delay"] = rank_values("--send-delay", send_delay)
     base["delays"] = delays
+    if attack:
+        base["attack"] = list(attack)
     base["options"] = key_values("--option", base.get("options"), strategy_options)
     base["task_options"] = key_values("--task-option", base.get("task_options"), task_options)
     return TrainConfig.from_dict(base, source=config_path or "command line")

@@ -82,6 +82,7 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
         return
     with Peer(rank, topology, config.spec, timeout=config.timeout, key_file=key_file,
               send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
+              attack=config.attack.for_rank(rank, seed=config.seed),
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
               rendezvous=meeting.rendezvous) as node:
         agreed = meeting.settle(node, run_dir, config, checkpoint_path)

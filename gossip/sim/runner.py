@@ -25,6 +25,7 @@ from gossip.peer import Peer
 from gossip.sim.clock import ModelledCompute, parse_compute
 from gossip.sim.network import NetworkModel
 from gossip.sim.probe import Meetings, OracleProbe
+from gossip.sim.rushing import Board, rushing
 from gossip.sim.transport import SimWorld
 from gossip.training.synchronous import Trainer, runner
 
@@ -162,9 +163,11 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
                             f"{time.perf_counter() - started:.0f} s", refresh=False)
 
     meetings = Meetings(world) if simulation.probe == "oracle" else None
+    board = Board(world, topology, config.attack.by_rank) if config.attack.rushing else None
     stats: dict[int, dict] = {}
     for rank in range(size):
-        world.spawn(rank, _peer_main(world, rank, topology, config, recorded, meetings, stats))
+        world.spawn(rank, _peer_main(world, rank, topology, config, recorded, meetings, stats,
+                                     board))
     for rank, when in sorted(simulation.kills.items()):
         world.kill_at(rank, when)
     with bar:
@@ -200,17 +203,22 @@ def peer_threads() -> int:
 
 def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
                recorded: Callable[[int, dict], None],
-               meetings: Meetings | None, stats: dict[int, dict]) -> Callable[[], dict]:
-    """What `gossip peer` runs (cli/train.py), on a simulated transport."""
+               meetings: Meetings | None, stats: dict[int, dict],
+               board: Board | None = None) -> Callable[[], dict]:
+    """What `gossip peer` runs (cli/train.py), on a simulated transport; with ``board``,
+    rushing attackers read every honest model of the round from it (sim/rushing.py)."""
     def run() -> dict:
         transport = world.transport(rank, timeout=config.timeout, dead_after=config.dead_after)
         spec = config.spec.copy()  # this peer's own compressor state, as in its own process
+        transport, attack = rushing(board, transport, config.attack.for_rank(
+            rank, seed=config.seed), config.timeout)
         if not topology.trains(rank):  # a server only (topology roles): the serve loop
             with Peer(rank, topology, spec, transport=transport) as node:
                 node.serve()
             return {}
         with Peer(rank, topology, spec, transport=transport,
-                  send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay) as node:
+                  send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
+                  attack=attack) as node:
             trainer = Trainer(node, config, on_round=lambda line: recorded(rank, line))
             trainer.delays = world.compute.delays(trainer.delays)
             if meetings is not None:

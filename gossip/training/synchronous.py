@@ -82,6 +82,8 @@ class Trainer:
         self.batches = BatchStream(self.task.train, shards[peer.rank],
                                    batch_size=self.per_minibatch,
                                    seed=config.seed * 1000 + peer.rank)
+        if peer.attack is not None:  # label flipping trains on its own data, changed
+            self.batches = peer.attack.kind.data(self.batches, self.task.num_classes)
         self.optimizer = torch.optim.SGD(model.parameters(), lr=config.lr,
                                          momentum=config.momentum)
         if config.layer_delay:

@@ -55,6 +55,11 @@ class Inbox:
         there is none. Reads nothing off the wire."""
         return self.pending.take(src, kind, round)
 
+    def put_back(self, msg: Message) -> None:
+        """Keep ``msg``, taken from here, for a later receive again (an attacker reads the
+        round's messages before its strategy does: gossip/attacks/sender.py)."""
+        self.pending.keep(msg, sum(b.numel() * b.element_size() for b in msg.buffers))
+
     def take_latest(self, src: int, kind: str, first: int, last: int) -> Message | None:
         """The newest ``kind`` message from ``src`` of a round in ``[first, last]`` among
         those here (read off the wire first), older ones of that kind and source dropped."""

@@ -23,8 +23,8 @@ from gossip.strategies import STRATEGIES, option
 
 ROOT = Path(__file__).resolve().parents[2]
 DPSGDOptions = STRATEGIES.entry("dpsgd").options
-SCALARS = [f for f in dataclasses.fields(TrainConfig)
-           if f.name not in ("options", "task_options", "delays")]
+SCALARS = [f for f in dataclasses.fields(TrainConfig)  # sections have flags of their own
+           if f.name not in ("options", "task_options", "delays", "attack")]
 
 
 def help_of(flags) -> str:
