@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gossip.cluster.rate import DEFAULT_RATE
 from gossip.config import TrainConfig, load_yaml
 from gossip.errors import ConfigError
 
@@ -145,7 +146,7 @@ def _run(name: str, top: Mapping[str, Any], train: Mapping[str, Any], item: Mapp
     if netns is not None:
         if not isinstance(netns, Mapping) or set(netns) - {"rate"}:
             raise ConfigError(f"{where}: netns: expected {{rate: 100mbit}} or null, got {netns!r}")
-        rate = str(netns.get("rate", "1gbit"))
+        rate = str(netns.get("rate", DEFAULT_RATE))
     simulation = None
     if place["simulate"] not in (None, False):
         from gossip.sim import Simulation
