@@ -177,7 +177,8 @@ def phase_table(results: dict[int, dict[str, dict]]) -> str:
 
 def describe(peers: Sequence[int], numel: int, density: float, *, netns: bool,
              rate: str | None) -> str:
-    where = f"netns cluster, links capped at {rate or DEFAULT_RATE} each way" if netns else "loopback"
+    where = (f"netns cluster, links capped at {rate or DEFAULT_RATE} each way" if netns
+             else "loopback")
     ks = ", ".join(f"P={p}: k={k_for(density, numel)}, SparDL k_b={k_for(density, -(-numel // p))}"
                    for p in peers)
     return f"sparse all-reduce of {numel} float32, density {density:g} ({ks}), {where}"

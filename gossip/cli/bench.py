@@ -104,7 +104,8 @@ def bench_compress(size, density, reps, threads):
 @click.option("--netns", is_flag=True,
               help="Every peer in its own network namespace, links capped at --rate "
                    "(needs root and iproute2).")
-@click.option("--rate", help=f"With --netns: cap of every link, each way.  [default: {DEFAULT_RATE}]")
+@click.option("--rate",
+              help=f"With --netns: cap of every link, each way.  [default: {DEFAULT_RATE}]")
 @fail_cleanly
 def bench_sparse(peers, size, density, reps, warmup, indices, only, netns, rate):
     """Dense ring all-reduce, topk-allgather, gtopk and spardl: time and bytes per peer."""

@@ -188,7 +188,8 @@ def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key
                    f"strategy {config.strategy}, {config.rounds} rounds -> {placement.run_dir}")
 
     try:
-        result = launch_run(config, topology, run_dir, rate=(rate or DEFAULT_RATE) if netns else None,
+        result = launch_run(config, topology, run_dir,
+                            rate=(rate or DEFAULT_RATE) if netns else None,
                             extra_config={"device": shared.to_dict()} if shared else None,
                             peer_args=peer_args, progress=config.strategy, on_ready=announce,
                             on_death=lambda death: click.echo(

@@ -32,6 +32,7 @@ from typing import Any
 from gossip.cluster.rate import DEFAULT_RATE
 from gossip.config import TrainConfig, load_yaml
 from gossip.errors import ConfigError
+from gossip.experiment.analysis import SMOOTH
 
 _TOP = ("name", "description", "peers", "graph", "topology", "netns", "simulate",
         "target_loss", "baseline", "smooth", "train", "runs")
@@ -107,7 +108,7 @@ def parse_experiment(data: Mapping[str, Any], *, source: str = "experiment",
     if target is not None and (not isinstance(target, (int, float)) or isinstance(target, bool)
                                or target <= 0):
         raise ConfigError(f"{source}: target_loss: expected a positive number, got {target!r}")
-    smooth = data.get("smooth", 10)
+    smooth = data.get("smooth", SMOOTH)
     if not isinstance(smooth, int) or isinstance(smooth, bool) or smooth < 1:
         raise ConfigError(f"{source}: smooth: expected a positive integer, got {smooth!r}")
     name = data.get("name") or Path(source).stem
