@@ -68,7 +68,7 @@ class DelayConfig(Options):
     """Injected delays of a run, the same on every peer (the ``delays`` config section).
 
     Each field is declared once, with its default, doc and check; `gossip peer`, `launch`
-    and `simulate` generate their delay flags (``--compute-delay``, ``--slowdown RANK:FACTOR``,
+    and `simulate` generate their delay flags (``--compute-delay``, ``--slowdown RANK:VALUE``,
     ...) from them (gossip/cli/flags.py). Per-rank values are ``{rank: value}``.
     """
 
