@@ -113,6 +113,8 @@ def delays_of(flags: dict, base: Mapping | None = None) -> dict:
 def other_flags() -> list[click.Option]:
     """The training flags that are neither a TrainConfig field nor a delay (strategy and task
     options, the shared device, the config file)."""
+    from gossip.crossover.connect import DeviceConfig  # declares the shared device's defaults
+
     return [
         click.Option(["--option", "strategy_options"], multiple=True, metavar="KEY=VALUE",
                      help="Strategy option, repeatable (e.g. piece_bytes=1048576)."),
@@ -122,10 +124,10 @@ def other_flags() -> list[click.Option]:
                           "slices:DIR."),
         click.Option(["--device"], metavar="NAME",
                      help="With --arbiter: the device, {rank} replaced by the rank "
-                          "(default dev{rank})."),
+                          f"(default {DeviceConfig.device})."),
         click.Option(["--job"], metavar="NAME",
                      help="With --arbiter: this job's name among those sharing the devices "
-                          "(turns go by name)."),
+                          f"(turns go by name; default {DeviceConfig.job})."),
         click.Option(["--config", "config_path"], type=click.Path(dir_okay=False),
                      help="YAML with training settings (a run directory's config.yaml)."),
         click.Option(["--task-option", "task_options"], multiple=True, metavar="KEY=VALUE",
