@@ -7,6 +7,7 @@ so the command line starts without importing torch.
 """
 
 from gossip.errors import (
+    BenchmarkFailed,
     CheckpointError,
     CollectiveAborted,
     ConfigError,
@@ -46,7 +47,7 @@ _LAZY = {
 __all__ = ["GossipError", "ConfigError", "TopologyError", "CheckpointError", "PeerNotOpen",
            "TransportError", "PeerTimeout", "PeerGone", "CollectiveAborted", "RejoinError",
            "RendezvousError", "ProtocolError", "TransportBusy", "LaunchFailed", "NetnsError",
-           "NetnsUnavailable",
+           "NetnsUnavailable", "BenchmarkFailed",
            *_LAZY]
 
 

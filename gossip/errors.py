@@ -72,6 +72,12 @@ class LaunchFailed(GossipError):
         self.rank, self.code, self.reason = rank, code, reason
 
 
+class BenchmarkFailed(GossipError, RuntimeError):
+    """A benchmark run failed: a rank raised (the message names it; later lines carry its
+    traceback), exited without a result, or did not finish in time, or a baseline's result
+    was wrong. Also a ``RuntimeError``, as the harness raised before it had its own."""
+
+
 class NetnsError(GossipError):
     """A namespace, link or qdisc command of a virtual cluster failed; the message names the
     command."""

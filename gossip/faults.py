@@ -19,79 +19,88 @@ import functools
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gossip.errors import ConfigError
+from gossip.options import Check, Options, option
 
 _BLOCK = 1024  # straggler draws are generated this many at a time per (seed, rank)
 
 
-def _number(source: str, value: Any, *, low: float, inclusive: bool = True) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or math.isnan(value):
-        raise ConfigError(f"{source}: expected a number, got {value!r}")
-    if value < low or (value == low and not inclusive) or math.isinf(value):
-        raise ConfigError(f"{source}: {value!r} must be {'>=' if inclusive else '>'} {low:g}")
-    return float(value)
+def _finite_at_least(low: float) -> Check:
+    """A check: a finite number >= ``low``."""
+    return lambda value: None if low <= value < math.inf else f"must be a finite number >= {low:g}"
 
 
-def _rank_key(source: str, key: Any) -> int:
-    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+def _rank(key: Any) -> int | None:
+    """``key`` as a rank (``3`` or ``"3"``, as YAML and flags give them); None: no rank."""
+    if isinstance(key, str) and key.strip().isdigit():
         key = int(key)
     if not isinstance(key, numbers.Integral) or isinstance(key, bool) or key < 0:
-        raise ConfigError(f"{source}: {key!r} is not a rank")
+        return None
     return int(key)
 
 
-def _per_rank(source: str, value: Any, *, low: float) -> dict[int, float]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{source}: expected a mapping rank -> value, got {value!r}")
-    return {_rank_key(source, k): _number(f"{source}[{k}]", v, low=low)
-            for k, v in value.items()}
+def _per_rank(low: float) -> Check:
+    """A check of ``{rank: number >= low}`` (a single number is left to the type's check)."""
+    number = _finite_at_least(low)
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, Mapping):
+            return number(value)
+        for key, entry in value.items():
+            if _rank(key) is None:
+                return f"names {key!r}, which is not a rank"
+            if not isinstance(entry, numbers.Real) or isinstance(entry, bool):
+                return f"gives rank {key} {entry!r}, which is not a number"
+            why = number(entry)
+            if why:
+                return f"gives rank {key} {entry!r}, which {why}"
+        return None
+    return check
 
 
 @dataclass(frozen=True)
-class DelayConfig:
+class DelayConfig(Options):
     """Injected delays of a run, the same on every peer (the ``delays`` config section).
 
-    Attributes:
-        compute: Emulated compute seconds added to every mini-batch (a slower device than
-            this machine), scaled by the rank's slowdown.
-        slowdown: ``{rank: factor >= 1}``; that rank's mini-batches take ``factor`` times as
-            long (measured compute plus ``compute``). Unlisted ranks have factor 1.
-        straggler_prob: Probability that a mini-batch is hit by a straggler delay.
-        straggler_mean: Mean seconds of that delay (exponentially distributed).
-        send_delay: Seconds slept before every message a peer sends: one number for all
-            ranks, or ``{rank: seconds}``.
-        seed: Seeds the straggler draws (default: the run's seed).
+    Each field is declared once, with its default, doc and check; `gossip peer`, `launch`
+    and `simulate` generate their delay flags (``--compute-delay``, ``--slowdown RANK:VALUE``,
+    ...) from them (gossip/cli/flags.py). Per-rank values are ``{rank: value}``.
     """
 
-    compute: float = 0.0
-    slowdown: Mapping[int, float] = field(default_factory=dict)
-    straggler_prob: float = 0.0
-    straggler_mean: float = 0.0
-    send_delay: float | Mapping[int, float] = 0.0
-    seed: int | None = None
+    compute: float = option(
+        0.0, "Emulated compute seconds slept per mini-batch (a slower device), scaled by the "
+             "rank's slowdown.", check=_finite_at_least(0))
+    slowdown: Mapping[int, float] = option(
+        {}, "Per rank: its mini-batches (measured plus emulated compute) take VALUE >= 1 "
+            "times as long; unlisted ranks 1.", check=_per_rank(1))
+    straggler_prob: float = option(
+        0.0, "Probability that a mini-batch is hit by a straggler delay.",
+        check=lambda value: None if 0 <= value <= 1 else "must be in [0, 1]")
+    straggler_mean: float = option(0.0, "Mean seconds of the (exponential) straggler delay.",
+                                   check=_finite_at_least(0))
+    send_delay: float | Mapping[int, float] = option(
+        0.0, "Seconds slept before every message a peer sends: one number for all ranks, or "
+             "per rank.", check=_per_rank(0))
+    seed: int | None = option(None, "Seed of the straggler draws (none: the run's seed).")
+
+    @classmethod
+    def refusal(cls, name: str, value: Any, why: str) -> ConfigError:
+        """Errors name the section: ``delays.compute: -1.0 must be a finite number >= 0``."""
+        return ConfigError(f"delays.{name}: {value!r} {why}")
 
     def __post_init__(self):
-        set_ = functools.partial(object.__setattr__, self)
-        set_("compute", _number("delays.compute", self.compute, low=0))
-        set_("slowdown", _per_rank("delays.slowdown", self.slowdown, low=1))
-        set_("straggler_prob", _number("delays.straggler_prob", self.straggler_prob, low=0))
-        if self.straggler_prob > 1:
-            raise ConfigError(f"delays.straggler_prob: {self.straggler_prob!r} must be <= 1")
-        set_("straggler_mean", _number("delays.straggler_mean", self.straggler_mean, low=0))
+        super().__post_init__()  # every field's type and check
+        for name in ("slowdown", "send_delay"):  # YAML's and the flags' keys, as ranks
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, {_rank(k): float(v) for k, v in value.items()})
         if self.straggler_prob > 0 and self.straggler_mean == 0:
             raise ConfigError("delays.straggler_mean: must be > 0 when straggler_prob > 0")
-        if isinstance(self.send_delay, Mapping):
-            set_("send_delay", _per_rank("delays.send_delay", self.send_delay, low=0))
-        else:
-            set_("send_delay", _number("delays.send_delay", self.send_delay, low=0))
-        if self.seed is not None and (not isinstance(self.seed, numbers.Integral)
-                                      or isinstance(self.seed, bool)):
-            raise ConfigError(f"delays.seed: expected an integer, got {self.seed!r}")
 
     @property
     def active(self) -> bool:
@@ -133,7 +142,7 @@ class DelayConfig:
             return cls()
         if not isinstance(data, Mapping):
             raise ConfigError(f"delays: expected a mapping, got {data!r}")
-        known = list(cls.__dataclass_fields__)
+        known = cls.names()
         for key in data:
             if key not in known:
                 raise ConfigError(f"delays: unknown field {key!r}; fields: {', '.join(known)}")

@@ -166,8 +166,10 @@ def _wrong(value: Any, hint: Any) -> str | None:
     float is wanted is)."""
     if hint is Any or _match(value, hint) is not None:
         return None
-    wanted = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
-    args = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)]
+    wanted = {float: "a number", int: "an integer", bool: "true or false", str: "a string",
+              Mapping: "a mapping"}
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    args = [a for a in (typing.get_args(hint) if union else (hint,)) if a is not type(None)]
     described = " or ".join(wanted.get(typing.get_origin(a) or a,
                                        getattr(typing.get_origin(a) or a, "__name__", str(a)))
                             for a in args)

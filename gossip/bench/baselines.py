@@ -29,7 +29,7 @@ import torch.distributed as dist
 import zmq
 
 from gossip.bench.harness import format_table, run_ranks, summarize
-from gossip.errors import ConfigError
+from gossip.errors import BenchmarkFailed, ConfigError
 from gossip.ports import free_ports
 
 _HOST = "127.0.0.1"
@@ -73,7 +73,7 @@ def gloo_allreduce_times(
 
     Raises:
         ConfigError: On a non-floating ``dtype`` or non-positive sizes.
-        RuntimeError: If a rank fails (including a wrong all-reduce result) or the
+        BenchmarkFailed: If a rank fails (including a wrong all-reduce result) or the
             run times out.
     """
     _check_sizes(world, numel, reps, warmup)
@@ -151,7 +151,7 @@ def _check_gloo_mean(tensor: torch.Tensor, world: int) -> None:
     bound = 2 * world * eps * inputs.abs().amax(dim=0) + 1e-12
     error = (tensor[:_CHECK_PREFIX].to(torch.float64) - expected_prefix).abs()
     if bool((error > bound).any()):
-        raise RuntimeError(
+        raise BenchmarkFailed(
             f"gloo all-reduce result differs from the mean: max error "
             f"{error.max().item():.3g} in the first {error.numel()} elements"
         )
@@ -161,7 +161,7 @@ def _check_gloo_mean(tensor: torch.Tensor, world: int) -> None:
     # the total absolute sum): loose, but a missing or doubled rank exceeds it.
     tol = 2 * world * eps * totals[1].item() + 1e-9
     if abs(got_sum - expected_sum) > tol:
-        raise RuntimeError(
+        raise BenchmarkFailed(
             f"gloo all-reduce result differs from the mean: sum {got_sum} != {expected_sum}"
         )
 
@@ -209,7 +209,7 @@ def zmq_exchange_times(
 
     Raises:
         ConfigError: On non-positive sizes or an invalid neighbour graph.
-        RuntimeError: If a rank fails or the run times out.
+        BenchmarkFailed: If a rank fails or the run times out.
     """
     _check_sizes(world, numel, reps, warmup)
     graph = [tuple(int(n) for n in neighbors(rank, world)) for rank in range(world)]
@@ -274,7 +274,7 @@ def _zmq_rank(
             for _ in nbrs:
                 msg = pull.recv(copy=False)
                 if len(msg.buffer) != nbytes:
-                    raise RuntimeError(f"got {len(msg.buffer)} bytes, expected {nbytes}")
+                    raise BenchmarkFailed(f"got {len(msg.buffer)} bytes, expected {nbytes}")
 
         # Everyone bound before anyone exchanges, then one untimed round so every
         # TCP connection exists before the clock starts.

@@ -21,7 +21,7 @@ from multiprocessing import get_context
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from gossip.errors import ConfigError
+from gossip.errors import BenchmarkFailed, ConfigError
 
 #: Thread caps applied to every rank unless the caller overrides them. The benchmark
 #: machines have few cores shared by ``world`` processes; letting each rank start one
@@ -59,7 +59,7 @@ def run_ranks(
 
     Raises:
         ConfigError: If ``world < 1``.
-        RuntimeError: If a rank raises (the message names the rank; its first line is
+        BenchmarkFailed: If a rank raises (the message names the rank; its first line is
             the exception summary and the later lines carry the rank's traceback), a
             rank exits without reporting, or the timeout passes. The remaining ranks
             are terminated (killed after 2 s) before the error is raised.
@@ -103,7 +103,7 @@ def _collect(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             missing = ", ".join(str(r) for r in range(world) if r not in results)
-            raise RuntimeError(f"rank(s) {missing} did not finish within {timeout:g} s")
+            raise BenchmarkFailed(f"rank(s) {missing} did not finish within {timeout:g} s")
         try:
             report = results_q.get(timeout=min(_POLL_S, remaining))
         except queue.Empty:
@@ -120,7 +120,7 @@ def _record(report: tuple, results: dict[int, Any]) -> None:
         results[rank] = payload
         return
     summary, tb_text = payload
-    raise RuntimeError(f"rank {rank} failed: {summary}\n{tb_text}".rstrip())
+    raise BenchmarkFailed(f"rank {rank} failed: {summary}\n{tb_text}".rstrip())
 
 
 def _check_silent_deaths(
@@ -140,7 +140,7 @@ def _check_silent_deaths(
     for rank in dead:
         if rank not in results:
             code = procs[rank].exitcode
-            raise RuntimeError(f"rank {rank} exited with code {code} without reporting a result")
+            raise BenchmarkFailed(f"rank {rank} exited with code {code} without reporting a result")
 
 
 def _stop_all(procs: Sequence[BaseProcess]) -> None:

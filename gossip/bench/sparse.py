@@ -29,6 +29,7 @@ from pathlib import Path
 from gossip.bench.harness import format_table
 from gossip.bench.sparse_rank import contenders as default_contenders
 from gossip.bench.sparse_rank import parse_contender, sparse_strategies
+from gossip.cluster.rate import DEFAULT_RATE
 from gossip.compress.sparse import k_for
 from gossip.errors import ConfigError, GossipError
 from gossip.strategies import EXACT_MEAN
@@ -63,7 +64,7 @@ def run(peers: int, numel: int, density: float, *, reps: int = 5, warmup: int = 
         if netns:
             from gossip.cluster import VirtualCluster
 
-            with VirtualCluster(peers, rate=rate or "1gbit") as cluster:
+            with VirtualCluster(peers, rate=rate or DEFAULT_RATE) as cluster:
                 cluster.topology("ring").to_yaml(path)
                 reports = _run_ranks(peers, path, args, timeout, wrap=cluster.command)
         else:
@@ -176,7 +177,8 @@ def phase_table(results: dict[int, dict[str, dict]]) -> str:
 
 def describe(peers: Sequence[int], numel: int, density: float, *, netns: bool,
              rate: str | None) -> str:
-    where = f"netns cluster, links capped at {rate or '1gbit'} each way" if netns else "loopback"
+    where = (f"netns cluster, links capped at {rate or DEFAULT_RATE} each way" if netns
+             else "loopback")
     ks = ", ".join(f"P={p}: k={k_for(density, numel)}, SparDL k_b={k_for(density, -(-numel // p))}"
                    for p in peers)
     return f"sparse all-reduce of {numel} float32, density {density:g} ({ks}), {where}"

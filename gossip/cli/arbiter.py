@@ -8,22 +8,25 @@ import threading
 
 import click
 
-from gossip.cli.common import fail_cleanly, main
+from gossip.cli.common import declared_option, fail_cleanly, main
 from gossip.errors import ConfigError
+
+SERVER = "gossip.crossover.server:ArbiterServer"  # declares the defaults
 
 
 @main.command()
 @click.option("--bind", "address", required=True, metavar="ADDRESS",
               help="Where peers reach it: ipc://PATH (every network namespace of this "
                    "machine) or tcp://HOST:PORT.")
-@click.option("--patience", type=float, default=float("inf"), show_default=True,
-              metavar="SECONDS", help="How long a free device waits for the job whose turn "
-                                      "it is (inf: strict alternation, 0: first come first served).")
-@click.option("--max-hold", type=float, default=float("inf"), show_default=True,
-              metavar="SECONDS", help="Revoke a grant held longer while another job waits; the "
-                   "holder waits for the device again before more device time.")
-@click.option("--dead-after", type=float, default=60.0, show_default=True, metavar="SECONDS",
-              help="Drop a client silent this long while the device waits for it.")
+@declared_option("--patience", source=SERVER, field="patience_s", type=float,
+                 metavar="SECONDS", help="How long a free device waits for the job whose "
+                 "turn it is (inf: strict alternation, 0: first come first served).")
+@declared_option("--max-hold", source=SERVER, field="max_hold_s", type=float,
+                 metavar="SECONDS", help="Revoke a grant held longer while another job waits; "
+                 "the holder waits for the device again before more device time.")
+@declared_option("--dead-after", source=SERVER, field="dead_after", type=float,
+                 metavar="SECONDS",
+                 help="Drop a client silent this long while the device waits for it.")
 @click.option("--log", "grant_log", type=click.Path(dir_okay=False),
               help="Append one JSON line per grant here.")
 @fail_cleanly

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
-from gossip.cli.common import fail_cleanly, main, parse_size
+from gossip.cli.common import declared_option, fail_cleanly, main, parse_size
+from gossip.cluster.rate import DEFAULT_RATE
+
+SPARSE = "gossip.bench.sparse:run"  # declares `bench sparse`'s defaults
 
 
 @main.group()
@@ -67,8 +70,8 @@ def bench_gossip(peers, size, reps, trials, compressor, density):
 @click.option("--size", default="25M", show_default=True, help="float32 elements, e.g. 1M, 25M.")
 @click.option("--density", type=float, default=0.01, show_default=True,
               help="Fraction kept by the sparsifiers.")
-@click.option("--reps", type=int, default=5, show_default=True,
-              help="Timed repetitions (median taken).")
+@declared_option("--reps", source="gossip.bench.compress:run", field="reps", type=int,
+                 help="Timed repetitions (median taken).")
 @click.option("--threads", type=int, help="torch intra-op threads (default: torch's).")
 @fail_cleanly
 def bench_compress(size, density, reps, threads):
@@ -88,18 +91,21 @@ def bench_compress(size, density, reps, threads):
 @click.option("--size", default="1M", show_default=True, help="float32 elements, e.g. 1M, 5M.")
 @click.option("--density", type=float, default=0.01, show_default=True,
               help="Fraction kept by the sparse strategies.")
-@click.option("--reps", type=int, default=5, show_default=True,
-              help="Timed repetitions per contender, interleaved (median taken).")
-@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed repetitions.")
-@click.option("--indices", type=click.Choice(["compact", "int32"]), default="compact",
-              show_default=True, help="Index wire encoding of the sparse strategies.")
+@declared_option("--reps", source=SPARSE, field="reps", type=int,
+                 help="Timed repetitions per contender, interleaved (median taken).")
+@declared_option("--warmup", source=SPARSE, field="warmup", type=int,
+                 help="Untimed repetitions.")
+@declared_option("--indices", source=SPARSE, field="indices",
+                 type=click.Choice(["compact", "int32"]),
+                 help="Index wire encoding of the sparse strategies.")
 @click.option("--only", help="Comma list of contenders (default: the exact ring all-reduce "
                              "and every sparse all-reduce strategy); a sparse one may name its "
                              "index coding, e.g. spardl:int32.")
 @click.option("--netns", is_flag=True,
               help="Every peer in its own network namespace, links capped at --rate "
                    "(needs root and iproute2).")
-@click.option("--rate", help="With --netns: cap of every link, each way.  [default: 1gbit]")
+@click.option("--rate",
+              help=f"With --netns: cap of every link, each way.  [default: {DEFAULT_RATE}]")
 @fail_cleanly
 def bench_sparse(peers, size, density, reps, warmup, indices, only, netns, rate):
     """Dense ring all-reduce, topk-allgather, gtopk and spardl: time and bytes per peer."""
@@ -154,8 +160,8 @@ def bench_gpu(sizes, size, density, peers, exchange_mb, reps):
 @click.option("--peers", type=int, default=8, show_default=True)
 @click.option("--size", default="1M", show_default=True, help="float32 elements per peer.")
 @click.option("--rounds", type=int, default=2000, show_default=True)
-@click.option("--warmup", type=int, default=50, show_default=True,
-              help="Rounds before the start sample (the allocator reaches its peak).")
+@declared_option("--warmup", source="gossip.bench.soak:soak", field="warmup", type=int,
+                 help="Rounds before the start sample (the allocator reaches its peak).")
 @fail_cleanly
 def bench_soak(peers, size, rounds, warmup):
     """Many dpsgd rounds on a ring; RSS, sockets, threads and descriptors per peer."""

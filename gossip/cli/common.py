@@ -16,6 +16,36 @@ def main():
     """gossip: decentralized deep learning over ZeroMQ."""
 
 
+class DeclaredDefault(click.Option):
+    """A flag whose default is the one its owner declares (``source``: ``module:Name``, a
+    dataclass field or keyword parameter ``field`` of that class or function), so the CLI
+    restates none. Read when the flag is parsed or its help shown, not at import: owners
+    import torch or zmq, which `gossip --help` does without."""
+
+    def __init__(self, *args, source: str, field: str, **kwargs):
+        super().__init__(*args, show_default=True, **kwargs)
+        self.source, self.field = source, field
+
+    def get_default(self, ctx: click.Context, call: bool = True):
+        return declared(self.source, self.field)
+
+
+def declared(source: str, name: str):
+    """The default that ``source`` (``module:Name``) declares for its parameter ``name``."""
+    import importlib
+    import inspect
+
+    module, _, owner = source.partition(":")
+    return inspect.signature(getattr(importlib.import_module(module), owner)) \
+        .parameters[name].default
+
+
+def declared_option(*decls: str, source: str, field: str, **kwargs):
+    """``click.option`` whose default is ``source``'s declaration of ``field``
+    (``DeclaredDefault``)."""
+    return click.option(*decls, cls=DeclaredDefault, source=source, field=field, **kwargs)
+
+
 def run_forked(args: list[str]) -> None:
     """A forked peer's entry point (``gossip.launching.forkserver``): what `python -m gossip
     ARGS` runs. The server imports it by name, so ``gossip.cli`` first: every command."""

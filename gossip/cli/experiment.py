@@ -51,7 +51,8 @@ def experiment_run(path, out, only):
               help="Loss for the time-to-target column (default: the experiment's).")
 @click.option("--baseline", multiple=True, metavar="RUN",
               help="Run the speed-ups are relative to (repeatable; default: the experiment's).")
-@click.option("--smooth", type=int, help="Rounds in the loss moving average (default 10).")
+@click.option("--smooth", type=int,
+              help="Rounds in the loss moving average (default: the experiment's `smooth`).")
 @fail_cleanly
 def plot(run_dir, target_loss, baseline, smooth):
     """Loss vs time and vs bytes, accuracy vs round and vs bytes (PNG) of an experiment or

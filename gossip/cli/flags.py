@@ -1,6 +1,7 @@
 """The training flags `gossip peer`, `launch` and `simulate` share, and the TrainConfig they
-make: one flag per scalar ``TrainConfig`` field, its help and default from the field's
-declaration (gossip/config.py), so nothing is restated here.
+make: one flag per scalar ``TrainConfig`` field and per ``DelayConfig`` field (the ``delays``
+section), its help and default from the field's declaration (gossip/config.py,
+gossip/faults.py), so nothing is restated here.
 
 The flags are made when such a command first needs them (``TrainingCommand``): TrainConfig
 imports torch, which takes seconds that `gossip --help` and the other commands do without.
@@ -9,7 +10,9 @@ imports torch, which takes seconds that `gossip --help` and the other commands d
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
+from collections.abc import Mapping
 
 import click
 
@@ -45,33 +48,77 @@ def field_flags(config=None) -> list[click.Option]:
 
 def _shown(default) -> str:
     """A field's default as the help shows it ("": not shown, e.g. the empty strategy)."""
-    if default is dataclasses.MISSING or default == "":
+    if default is dataclasses.MISSING or default is None or default == "":
         return ""
     if isinstance(default, bool):
         return str(default).lower()
     return f"{default:g}" if isinstance(default, float) else str(default)
 
 
+#: The delay flags not named after their field (``--slowdown`` is ``slowdown``).
+DELAY_FLAGS = {"compute": "compute-delay", "seed": "delay-seed"}
+
+
+def delay_flags(delays=None) -> list[click.Option]:
+    """A click option per field of ``delays`` (default: DelayConfig, the ``delays`` section),
+    its help and default from the field's declaration (gossip/faults.py); a per-rank field
+    takes ``RANK:VALUE``, repeatable (``[RANK:]VALUE`` where one number for all is allowed)."""
+    if delays is None:
+        from gossip.faults import DelayConfig as delays
+    hints = typing.get_type_hints(delays)
+    flags = []
+    for spec in dataclasses.fields(delays):
+        name = DELAY_FLAGS.get(spec.name, spec.name.replace("_", "-"))
+        shown = "" if spec.default is dataclasses.MISSING else _shown(spec.default)
+        default = f"  [default: {shown}]" if shown else ""
+        kinds = _kinds(hints[spec.name])
+        if any(typing.get_origin(kind) is Mapping for kind in kinds):  # per rank
+            flags.append(click.Option(
+                [f"--{name}", name.replace("-", "_")], multiple=True,
+                metavar="[RANK:]VALUE" if float in kinds else "RANK:VALUE",
+                help=f"{spec.metadata['doc']} Repeatable.{default}"))
+        else:
+            flags.append(click.Option([f"--{name}", name.replace("-", "_")], default=None,
+                                      type=FLAG_TYPES[kinds[0]],
+                                      help=spec.metadata["doc"] + default))
+    return flags
+
+
+def _kinds(hint) -> tuple:
+    """The types a field of type ``hint`` takes (a union's members, None left out)."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return tuple(kind for kind in (typing.get_args(hint) if union else (hint,))
+                 if kind is not type(None))
+
+
+def delays_of(flags: dict, base: Mapping | None = None) -> dict:
+    """The ``delays`` section: ``base`` (a config file's), with the delay flags given on top;
+    the delay flags are taken out of ``flags``."""
+    from gossip.faults import DelayConfig
+
+    hints = typing.get_type_hints(DelayConfig)
+    delays = dict(base or {})
+    for spec, flag in zip(dataclasses.fields(DelayConfig), delay_flags(DelayConfig)):
+        value = flags.pop(flag.name, None)
+        if not flag.multiple:
+            if value is not None:
+                delays[spec.name] = value
+        elif len(value or ()) == 1 and ":" not in value[0] and float in _kinds(hints[spec.name]):
+            delays[spec.name] = _float(flag.opts[0], value[0])  # one number for every rank
+        elif value:
+            delays[spec.name] = rank_values(flag.opts[0], value)
+    return delays
+
+
 def other_flags() -> list[click.Option]:
-    """The training flags that are no TrainConfig field (strategy and task options, delays,
-    the shared device, the config file)."""
+    """The training flags that are neither a TrainConfig field nor a delay (strategy and task
+    options, the shared device, the config file)."""
     from gossip.attacks import ATTACKS
+    from gossip.crossover.connect import DeviceConfig  # declares the shared device's defaults
+
     return [
         click.Option(["--option", "strategy_options"], multiple=True, metavar="KEY=VALUE",
                      help="Strategy option, repeatable (e.g. piece_bytes=1048576)."),
-        click.Option(["--compute-delay"], type=float, metavar="SECONDS",
-                     help="Emulated compute time slept per mini-batch (a slower device)."),
-        click.Option(["--slowdown"], multiple=True, metavar="RANK:FACTOR",
-                     help="Rank's mini-batches take FACTOR times as long, repeatable."),
-        click.Option(["--straggler-prob"], type=float,
-                     help="Probability that a mini-batch is hit by a straggler delay."),
-        click.Option(["--straggler-mean"], type=float, metavar="SECONDS",
-                     help="Mean of the (exponential) straggler delay."),
-        click.Option(["--send-delay"], multiple=True, metavar="[RANK:]SECONDS",
-                     help="Sleep before every send: SECONDS for all ranks, or RANK:SECONDS, "
-                          "repeatable."),
-        click.Option(["--delay-seed"], type=int,
-                     help="Seed of the straggler draws (default --seed)."),
         click.Option(["--attack"], multiple=True, metavar="RANK:KIND[,KEY=VALUE...]",
                      help=f"This rank attacks ({', '.join(ATTACKS.names())}), repeatable "
                           "with KEY=VALUE parameters (docs/ARCHITECTURE.md, Attacks)."),
@@ -81,10 +128,10 @@ def other_flags() -> list[click.Option]:
                           "slices:DIR."),
         click.Option(["--device"], metavar="NAME",
                      help="With --arbiter: the device, {rank} replaced by the rank "
-                          "(default dev{rank})."),
+                          f"(default {DeviceConfig.device})."),
         click.Option(["--job"], metavar="NAME",
                      help="With --arbiter: this job's name among those sharing the devices "
-                          "(turns go by name)."),
+                          f"(turns go by name; default {DeviceConfig.job})."),
         click.Option(["--config", "config_path"], type=click.Path(dir_okay=False),
                      help="YAML with training settings (a run directory's config.yaml)."),
         click.Option(["--task-option", "task_options"], multiple=True, metavar="KEY=VALUE",
@@ -102,33 +149,20 @@ class TrainingCommand(click.Command):
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         if not self.flags_made:  # every use of the params (parsing, help) asks here first
-            self.params.extend([*field_flags(), *other_flags()])
+            self.params.extend([*field_flags(), *delay_flags(), *other_flags()])
             self.flags_made = True
         return super().get_params(ctx)
 
 
-def train_config(config_path, strategy_options, *, compute_delay=None, slowdown=(),
-                 straggler_prob=None, straggler_mean=None, send_delay=(), delay_seed=None,
-                 arbiter=None, device=None, job=None, task_options=(), attack=(), **flags):
+def train_config(config_path, strategy_options, *, arbiter=None, device=None, job=None,
+                 task_options=(), attack=(), **flags):
     """The TrainConfig of the training flags: ``--config``'s file (if any), each flag given
     on top. ``arbiter``, ``device`` and ``job`` are read by the caller (the shared device)."""
     from gossip.config import TrainConfig
 
     base = TrainConfig.from_yaml(config_path).to_dict() if config_path else {}
+    base["delays"] = delays_of(flags, base.get("delays"))
     base.update({k: v for k, v in flags.items() if v is not None})
-    delays = dict(base.get("delays") or {})
-    for key, value in (("compute", compute_delay), ("straggler_prob", straggler_prob),
-                       ("straggler_mean", straggler_mean), ("seed", delay_seed)):
-        if value is not None:
-            delays[key] = value
-    if slowdown:
-        delays["slowdown"] = rank_values("--slowdown", slowdown)
-    if send_delay:
-        if len(send_delay) == 1 and ":" not in send_delay[0]:
-            delays["send_delay"] = _float("--send-delay", send_delay[0])
-        else:
-            delays["send_delay"] = rank_values("--send-delay", send_delay)
-    base["delays"] = delays
     if attack:
         base["attack"] = list(attack)
     base["options"] = key_values("--option", base.get("options"), strategy_options)

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import click
 
-from gossip.cli.common import (DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology,
-                               main)
+from gossip.cli.common import (DEFAULT_PEERS, GRAPH_OPTION, declared_option, fail_cleanly,
+                               generated_topology, main)
 from gossip.cli.summary import run_summary
 from gossip.cli.flags import TOLERATE_HELP, rank_values, TrainingCommand, train_config
 from gossip.errors import ConfigError
+
+NETWORK = "gossip.sim.network:NetworkModel"  # declares the network flags' defaults
 
 
 def _rates(items) -> tuple[str | None, dict[int, str]]:
@@ -43,14 +45,16 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
 @click.option("--rate", "rates", multiple=True, metavar="[RANK:]RATE",
               help="Link rate each way, e.g. 1gbit, 100mbit (default: unlimited); RANK:RATE "
                    "for one peer, repeatable.")
-@click.option("--latency", type=float, default=0.0, show_default=True, metavar="SECONDS",
-              help="One-way latency of every message.")
-@click.option("--sharing", type=click.Choice(["fifo", "fair"]), default="fifo",
-              show_default=True, help="How flows share a link: queued, or max-min fair.")
-@click.option("--message-cost", type=float, default=0.0, metavar="SECONDS",
-              help="Sender CPU seconds per message (fitted: experiments/sim-validation.yaml).")
-@click.option("--byte-cost", type=float, default=0.0, metavar="SECONDS",
-              help="Sender CPU seconds per byte.")
+@declared_option("--latency", source=NETWORK, field="latency", type=float, metavar="SECONDS",
+                 help="One-way latency of every message.")
+@declared_option("--sharing", source=NETWORK, field="sharing",
+                 type=click.Choice(["fifo", "fair"]),
+                 help="How flows share a link: queued, or max-min fair.")
+@declared_option("--message-cost", source=NETWORK, field="message_s", type=float,
+                 metavar="SECONDS", help="Sender CPU seconds per message (fitted: "
+                                         "experiments/sim-validation.yaml).")
+@declared_option("--byte-cost", source=NETWORK, field="byte_s", type=float, metavar="SECONDS",
+                 help="Sender CPU seconds per byte.")
 @click.option("--compute", "compute_model", default="model", show_default=True,
               help="model: compute takes only the injected delays (--compute-delay, "
                    "--slowdown, --straggler-*); measured[:FACTOR]: the real math's CPU "
@@ -60,9 +64,9 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
               help="Kill peer RANK at this virtual time, repeatable.")
 @click.option("--tolerate-deaths", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="N", help=TOLERATE_HELP)
-@click.option("--probe", type=click.Choice(["exchange", "oracle"]), default="exchange",
-              show_default=True, help="Consensus probe: the real all-reduce, or computed by "
-                                      "the simulator (for many peers).")
+@declared_option("--probe", source="gossip.sim.runner:Simulation", field="probe",
+                 type=click.Choice(["exchange", "oracle"]), help="Consensus probe: the real "
+                 "all-reduce, or computed by the simulator (for many peers).")
 @click.option("--sizes-only", is_flag=True,
               help="Replay the strategy's messages as sizes, without payloads or math (for "
                    "10^4 peers; writes sizes.json, no peer records).")
@@ -156,8 +160,8 @@ def sim_scaling(experiment_dir):
 @click.option("--fit", "fit_on", multiple=True, required=True, metavar="RUN",
               help="A real run the costs are fitted on (repeatable; two with different "
                    "message sizes separate the per-message from the per-byte cost).")
-@click.option("--latency", type=float, default=0.0, show_default=True, metavar="SECONDS",
-              help="One-way latency of the model (the netns cluster adds none).")
+@declared_option("--latency", source=NETWORK, field="latency", type=float, metavar="SECONDS",
+                 help="One-way latency of the model (the netns cluster adds none).")
 @click.option("--compute", "compute_model", default="measured", show_default=True,
               help="Compute model of the simulations (as for gossip simulate).")
 @fail_cleanly

@@ -13,6 +13,7 @@ import click
 
 from gossip.cli.common import DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology, main
 from gossip.cli.flags import TOLERATE_HELP, TrainingCommand, train_config
+from gossip.cluster.rate import DEFAULT_RATE
 from gossip.errors import ConfigError, GossipError
 from gossip.rendezvous.launchers import RANK_ENV
 
@@ -133,7 +134,7 @@ def _device(shared, rank: int, node, timeout: float):
               help="Run every peer in its own network namespace with its own IP, links capped "
                    "at --rate (needs root and iproute2).")
 @click.option("--rate", help="With --netns: cap of every link, each way, e.g. 100mbit, 1gbit, "
-                             "500kbit.  [default: 1gbit]")
+                             f"500kbit.  [default: {DEFAULT_RATE}]")
 @click.option("--keys", "key_dir", type=click.Path(file_okay=False),
               help="Authenticate and encrypt with the CURVE keys in this directory "
                    "(from `gossip keys generate`).")
@@ -188,7 +189,8 @@ def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key
                    f"strategy {config.strategy}, {config.rounds} rounds -> {placement.run_dir}")
 
     try:
-        result = launch_run(config, topology, run_dir, rate=(rate or "1gbit") if netns else None,
+        result = launch_run(config, topology, run_dir,
+                            rate=(rate or DEFAULT_RATE) if netns else None,
                             extra_config={"device": shared.to_dict()} if shared else None,
                             peer_args=peer_args, progress=config.strategy, on_ready=announce,
                             on_death=lambda death: click.echo(

@@ -40,7 +40,7 @@ from gossip.cluster.iproute import (
     tbf_bytes,
     veth_name,
 )
-from gossip.cluster.rate import Rate, parse_rate
+from gossip.cluster.rate import DEFAULT_RATE, Rate, parse_rate
 from gossip.cluster.teardown import register, signals_deferred, unregister
 from gossip.errors import ConfigError
 
@@ -69,7 +69,7 @@ class VirtualCluster:
         NetnsError: A setup command failed (named); what was created is removed first.
     """
 
-    def __init__(self, size: int, *, rate: str | int | Rate = "1gbit",
+    def __init__(self, size: int, *, rate: str | int | Rate = DEFAULT_RATE,
                  subnet: str = "10.77.0.0/24", prefix: str | None = None,
                  burst: int | None = None, latency_ms: float | None = None):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

@@ -46,6 +46,11 @@ class Rate:
         return self.text
 
 
+#: Every link of a virtual cluster when no rate is given (``gossip launch --netns``, experiments,
+#: ``gossip bench sparse --netns``).
+DEFAULT_RATE = "1gbit"
+
+
 def parse_rate(value: str | int | Rate) -> Rate:
     """``"100mbit"``, ``"1gbit"``, ``"500kbit"``, ``"10mbps"`` (bytes/s) or int bits/s.
 

@@ -74,6 +74,12 @@ class Compressor(ABC):
     sparse: bool = False
     #: E[decompress(compress(x))] == x.
     unbiased: bool = False
+    #: Sparsifiers: the entries kept are drawn at random, whatever their values (CHOCO's
+    #: default step is smaller for such indiscriminate dropping: default_gamma).
+    random_support: bool = False
+    #: Sparsifiers: every peer compressing the same key and round keeps the same entries (a
+    #: seed they share), so their values can be summed entry by entry (the compressed ring).
+    shared_support: bool = False
     #: Its options (``gossip compressors`` lists their defaults and docs); none by default.
     options_class: type[Options] = Options
 

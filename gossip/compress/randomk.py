@@ -65,6 +65,8 @@ class RandomK(DensitySparsifier):
 
     name = "randomk"
     options_class = RandomKOptions
+    random_support = True
+    shared_support = True  # the seed derives from (seed, key, round) alone
     options: RandomKOptions
 
     @property

@@ -28,6 +28,8 @@ class Wrapper(Compressor):
         self.name = inner.name  # the payload encoding is the inner one's
         self.sparse = inner.sparse
         self.unbiased = inner.unbiased
+        self.random_support = inner.random_support
+        self.shared_support = inner.shared_support
 
     def compress(self, x: torch.Tensor, *, key: str = "", round: int = 0) -> Payload:
         return self.inner.compress(x, key=key, round=round)

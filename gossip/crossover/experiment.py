@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from gossip.cluster.rate import DEFAULT_RATE
 from gossip.config import TrainConfig, load_yaml
 from gossip.crossover.jobs import Job, launch_jobs
 from gossip.errors import ConfigError, GossipError
@@ -88,7 +89,7 @@ def load_crossover(path: str | Path) -> CrossoverExperiment:
             raise ConfigError(f"{where}: arms: the sequential arm is the baseline; add it")
         points.append(Point(str(item.get("name", f"point{index}")),
                             TrainConfig.from_dict(merged, source=where),
-                            None if netns is None else str(netns.get("rate", "1gbit")), arms))
+                            None if netns is None else str(netns.get("rate", DEFAULT_RATE)), arms))
     if not points:
         raise ConfigError(f"{source}: points: expected a non-empty list")
     slice_s = data.get("slice_s", 0.01)

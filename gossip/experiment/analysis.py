@@ -54,7 +54,12 @@ class Curve:
         return float(self.bytes_sent[hit[0]]) if hit.size else None
 
 
-def load_curve(run_dir: Path, *, smooth: int = 10) -> Curve:
+#: Rounds in the loss moving average unless an experiment (``smooth:``) or `gossip plot
+#: --smooth` says otherwise.
+SMOOTH = 10
+
+
+def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
     """Aggregate one run directory's ``peer-R.jsonl`` files."""
     from gossip.strategies.wrapping import wrapped  # torch: not at the CLI's start
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from gossip.errors import ConfigError
-from gossip.experiment.analysis import format_rows, load_curve, summarize
+from gossip.experiment.analysis import SMOOTH, format_rows, load_curve, summarize
 from gossip.experiment.overlap import overlap_rows
 from gossip.experiment.plots import plot_curves
 from gossip.metrics import run_dirs
@@ -27,7 +27,7 @@ def report(path: str | Path, *, target: float | None = None,
     path = Path(path)
     spec = _experiment_settings(path)
     target = target if target is not None else spec.get("target_loss")
-    smooth = smooth or spec.get("smooth") or 10
+    smooth = smooth or spec.get("smooth") or SMOOTH
     curves = []
     for run_dir in run_dirs(path):
         try:

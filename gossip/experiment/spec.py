@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gossip.cluster.rate import DEFAULT_RATE
 from gossip.config import TrainConfig, load_yaml
 from gossip.errors import ConfigError
+from gossip.experiment.analysis import SMOOTH
 
 _TOP = ("name", "description", "peers", "graph", "topology", "netns", "simulate",
         "target_loss", "baseline", "smooth", "train", "runs")
@@ -106,7 +108,7 @@ def parse_experiment(data: Mapping[str, Any], *, source: str = "experiment",
     if target is not None and (not isinstance(target, (int, float)) or isinstance(target, bool)
                                or target <= 0):
         raise ConfigError(f"{source}: target_loss: expected a positive number, got {target!r}")
-    smooth = data.get("smooth", 10)
+    smooth = data.get("smooth", SMOOTH)
     if not isinstance(smooth, int) or isinstance(smooth, bool) or smooth < 1:
         raise ConfigError(f"{source}: smooth: expected a positive integer, got {smooth!r}")
     name = data.get("name") or Path(source).stem
@@ -145,7 +147,7 @@ def _run(name: str, top: Mapping[str, Any], train: Mapping[str, Any], item: Mapp
     if netns is not None:
         if not isinstance(netns, Mapping) or set(netns) - {"rate"}:
             raise ConfigError(f"{where}: netns: expected {{rate: 100mbit}} or null, got {netns!r}")
-        rate = str(netns.get("rate", "1gbit"))
+        rate = str(netns.get("rate", DEFAULT_RATE))
     simulation = None
     if place["simulate"] not in (None, False):
         from gossip.sim import Simulation

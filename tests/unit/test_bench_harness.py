@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+import gossip
+
 from gossip.bench.harness import format_table, run_ranks, summarize
-from gossip.errors import ConfigError
+from gossip.errors import BenchmarkFailed, ConfigError
 
 # Targets must be module-level so the spawned ranks can import them by name. This
 # module imports only the harness at top level (baselines pulls in torch), so ranks
@@ -64,7 +66,7 @@ def test_run_ranks_env_overrides_defaults_and_restores_parent_env():
 
 def test_run_ranks_reports_failing_rank_and_cleans_up():
     start = time.monotonic()
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(BenchmarkFailed) as info:
         run_ranks(_fail_on_one, 3, timeout=60)
     message = str(info.value)
     first_line = message.splitlines()[0]
@@ -82,21 +84,21 @@ MISSING = r"rank\(s\) (0, )?(1, )?"
 
 @pytest.mark.slow  # waits out its 5 s timeout
 def test_run_ranks_timeout_names_missing_ranks_and_cleans_up():
-    with pytest.raises(RuntimeError, match=MISSING + r"2 did not finish within 5 s"):
+    with pytest.raises(BenchmarkFailed, match=MISSING + r"2 did not finish within 5 s"):
         run_ranks(_hang_on_two, 3, timeout=5)
     _assert_no_children()
 
 
 @pytest.mark.slow  # waits out its timeout and the terminate grace
 def test_run_ranks_kills_ranks_that_ignore_sigterm():
-    with pytest.raises(RuntimeError, match=MISSING + r"2, 3 did not finish within 5 s"):
+    with pytest.raises(BenchmarkFailed, match=MISSING + r"2, 3 did not finish within 5 s"):
         run_ranks(_hang_ignoring_sigterm, 4, timeout=5)
     _assert_no_children()
 
 
 @pytest.mark.slow
 def test_run_ranks_detects_rank_that_exits_without_result():
-    with pytest.raises(RuntimeError, match="exited with code 3"):
+    with pytest.raises(BenchmarkFailed, match="exited with code 3"):
         run_ranks(_die_silently, 1, timeout=30)
     _assert_no_children()
 
@@ -157,4 +159,11 @@ def test_zmq_exchange_times():
     times = zmq_exchange_times(world=3, numel=1000, reps=2, timeout=120)
     assert len(times) == 2
     assert all(isinstance(t, float) and t > 0 for t in times)
+    _assert_no_children()
+
+
+def test_a_benchmark_failure_is_a_gossip_error_and_still_a_runtime_error():
+    with pytest.raises(gossip.GossipError) as info:
+        run_ranks(_fail_on_one, 2, timeout=60)
+    assert isinstance(info.value, gossip.BenchmarkFailed) and isinstance(info.value, RuntimeError)
     _assert_no_children()

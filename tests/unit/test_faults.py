@@ -65,12 +65,17 @@ def test_delays_are_recorded_in_the_run_config_and_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("delays, culprit", [
-    ({"slowdown": {1: 0.5}}, "delays.slowdown[1]: 0.5 must be >= 1"),
-    ({"slowdown": {"x": 2}}, "delays.slowdown: 'x' is not a rank"),
+    ({"slowdown": {1: 0.5}}, "delays.slowdown: {1: 0.5} gives rank 1 0.5, which must be a "
+                             "finite number >= 1"),
+    ({"slowdown": {"x": 2}}, "delays.slowdown: {'x': 2} names 'x', which is not a rank"),
     ({"straggler_prob": 1.5}, "delays.straggler_prob"),
     ({"straggler_prob": 0.1}, "delays.straggler_mean: must be > 0"),
     ({"compute": -1}, "delays.compute"),
-    ({"send_delay": "fast"}, "delays.send_delay: expected a number"),
+    ({"send_delay": "fast"}, "delays.send_delay: 'fast' must be a number or a mapping"),
+    ({"send_delay": {0: -1}}, "delays.send_delay: {0: -1} gives rank 0 -1, which must be a "
+                              "finite number >= 0"),
+    ({"compute": float("nan")}, "delays.compute: nan must be a finite number >= 0"),
+    ({"seed": 1.5}, "delays.seed: 1.5 must be an integer"),
     ({"bogus": 1}, "unknown field 'bogus'"),
 ])
 def test_invalid_delays_name_the_field(delays, culprit):

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from gossip import Peer, Topology, TrainConfig
 from gossip.cli import main
-from gossip.cli.flags import field_flags, train_config
+from gossip.cli.flags import delay_flags, field_flags, train_config
 from gossip.errors import ConfigError
+from gossip.faults import DelayConfig
 from gossip.matrix import check_run
 from gossip.strategies import STRATEGIES, option
 
@@ -48,14 +49,43 @@ def test_every_scalar_field_is_a_flag_with_its_doc_and_default(command):
             assert f"{spec.metadata['doc']} [default: {text}]" in shown, spec.name
 
 
-def test_a_default_changed_in_its_declaration_reaches_the_flags_and_the_config():
-    @dataclasses.dataclass(frozen=True)
-    class Changed(TrainConfig):
-        dead_after: float = option(7.5, "Seconds until a broken peer is dead.")
+@pytest.mark.parametrize("declared, make_flags, name, flag", [
+    (TrainConfig, field_flags, "dead_after", "--dead-after FLOAT"),
+    (DelayConfig, delay_flags, "straggler_mean", "--straggler-mean FLOAT"),
+])
+def test_a_default_changed_in_its_declaration_reaches_the_flags_and_the_config(
+        declared, make_flags, name, flag):
+    changed = dataclasses.make_dataclass(
+        "Changed", [(name, float, option(7.5, "Seconds, changed."))], bases=(declared,),
+        frozen=True)
+    assert getattr(changed(), name) == 7.5
+    assert f"{flag} Seconds, changed. [default: 7.5]" in help_of(make_flags(changed))
 
-    assert Changed().dead_after == 7.5
-    assert "--dead-after FLOAT Seconds until a broken peer is dead. [default: 7.5]" in \
-        help_of(field_flags(Changed))
+
+@pytest.mark.parametrize("command", ["peer", "launch", "simulate"])
+def test_every_delay_field_is_a_flag_with_its_doc_and_default(command):
+    shown = " ".join(CliRunner().invoke(main, [command, "--help"],
+                                        terminal_width=1000).output.split())
+    for flag, field in (("--compute-delay FLOAT", "compute"), ("--slowdown RANK:VALUE", "slowdown"),
+                        ("--straggler-prob FLOAT", "straggler_prob"),
+                        ("--straggler-mean FLOAT", "straggler_mean"),
+                        ("--send-delay [RANK:]VALUE", "send_delay"),
+                        ("--delay-seed INTEGER", "seed")):
+        doc = DelayConfig.__dataclass_fields__[field].metadata["doc"]
+        assert f"{flag} {doc}" in shown, field
+    assert "straggler delay. [default: 0]" in shown
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (dict(compute_delay=-1.0), "command line: delays.compute: -1.0 must be a finite number >= 0"),
+    (dict(slowdown=("1:0.5",)), "command line: delays.slowdown: {1: 0.5} gives rank 1 0.5"),
+    (dict(send_delay=("x",)), "--send-delay 'x': expected a number"),
+    (dict(straggler_prob=2.0), "command line: delays.straggler_prob: 2.0 must be in [0, 1]"),
+])
+def test_bad_delay_flags_are_one_config_error_line(flags, culprit):
+    with pytest.raises(ConfigError) as info:
+        train_config(None, (), **flags)
+    assert culprit in str(info.value) and "\n" not in str(info.value)
 
 
 def test_peer_and_the_config_share_each_default():

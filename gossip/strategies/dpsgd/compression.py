@@ -44,14 +44,15 @@ def check_choco_compressor(compressor: Compressor) -> None:
 def default_gamma(compressor: Compressor, numel: int) -> float:
     """A consensus step that converges out of the box (choco.md, tuned on our default task).
 
-    Biased sparsifiers keep the largest entries and tolerate twice their density; random-k
-    drops indiscriminately and needs half of it; quantizers are mild. (Sweeps on rings of 4
-    with 400 and 2000 values: top-1% converged fastest at 2x density, slower at 1x and 4x;
-    random-k at 0.3-0.5x, diverging at 1x for 5%; QSGD, TernGrad and sign at 0.2-1.)
+    Sparsifiers that keep the largest entries tolerate twice their density; random-k
+    (``random_support``) drops indiscriminately and needs half of it; quantizers are mild.
+    (Sweeps on rings of 4 with 400 and 2000 values: top-1% converged fastest at 2x density,
+    slower at 1x and 4x; random-k at 0.3-0.5x, diverging at 1x for 5%; QSGD, TernGrad and
+    sign at 0.2-1.)
     """
     omega = compressor.quality(numel)
     if compressor.sparse:
-        return min(1.0, (0.5 if compressor.name == "randomk" else 2.0) * omega)
+        return min(1.0, (0.5 if compressor.random_support else 2.0) * omega)
     return min(1.0, max(omega, 0.4))
 
 

@@ -15,6 +15,6 @@ def ring_allreduce(options: RingOptions) -> type:
     """Mean over all peers by reduce-scatter + all-gather around a ring, any P."""
     if options.compressor is None:
         return RingAllReduce
-    if options.compressor.name == "randomk":
+    if options.compressor.shared_support:
         return SharedRandomKRingAllReduce
     return CompressedRingAllReduce

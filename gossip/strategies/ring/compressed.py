@@ -138,7 +138,7 @@ class SharedRandomKRingAllReduce(_Compressing):
 
     def __init__(self, *, rank, topology, transport, options: RingOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
-        if self.compressor.name != "randomk":
+        if not self.compressor.shared_support:
             raise ConfigError(f"{type(self).__name__} shares random-k indices; got "
                               f"{self.compressor.name!r}")
         self.ring = RingAllReduce(rank=rank, topology=topology, transport=transport,

@@ -27,7 +27,7 @@ class RingOptions(TaggedOptions, tag="ring", kinds=("rs", "ag")):
     def __post_init__(self):
         super().__post_init__()
         c = self.compressor
-        if c is not None and c.sparse and c.name != "randomk":
+        if c is not None and c.sparse and not c.shared_support:
             raise ConfigError(
                 f"ring-allreduce cannot carry the sparsifier {c.name!r}: its sparse sets "
                 f"differ between peers and grow as they are summed around the ring; use "
