@@ -170,11 +170,22 @@ def test_ranks_of_one_job_on_one_device_take_turns(tmp_path):
     grants = sorted(read_grants(tmp_path / "grants.jsonl"), key=lambda g: g["t_grant"])
     order = [(g["job"], g["rank"]) for g in grants]
     assert len(order) == 12 and overlaps(grants) == []
-    # strict alternation over the four ranks: the other three between two turns of one
-    # (which rank of a job joined first, and so went first, is a race of its threads)
-    for member in set(order):
-        turns = [i for i, m in enumerate(order) if m == member]
-        assert len(turns) == 3 and {b - a for a, b in zip(turns, turns[1:])} == {4}, order
+    assert sorted(order.count(m) for m in set(order)) == [3, 3, 3, 3], order
+    # Turns go round: between two turns of one rank, every rank that was waiting when the
+    # first ended was served. (Strict alternation, the other three between two turns of one,
+    # also needs each rank to ask again before the others' turns end: a thread scheduled
+    # late on a loaded machine misses its place in the cycle, and the next one takes it.)
+    def member(g):
+        return g["job"], g["rank"]
+
+    for first in grants:
+        again = next((g for g in grants if member(g) == member(first)
+                      and g["t_grant"] > first["t_grant"]), None)
+        if again is None:
+            continue
+        waiting = [g for g in grants if member(g) != member(first)
+                   and g["t_request"] <= first["t_release"] < g["t_grant"]]
+        assert all(g["t_grant"] < again["t_grant"] for g in waiting), order
 
 
 def test_a_revoked_holder_waits_again_before_more_device_time(tmp_path):
