@@ -108,3 +108,22 @@ def test_the_attackers_records_are_left_out_of_the_curves_and_the_table(tmp_path
     rows = summarize([attacked, clean], target=None)
     assert [(r["attackers"], r["consensus"]) for r in rows] == [("1", 0.25), (None, 0.25)]
     assert "attackers" not in summarize([clean], target=None)[0]  # no attacks: no column
+
+
+def test_the_simulators_oracle_probe_leaves_the_attackers_out_too():
+    """``--probe oracle`` computes from every model directly what the exchanged probe
+    all-reduces: with an attacker, both give the honest peers' consensus (counting the
+    attacker's model in one of them would tell them apart)."""
+    from gossip.config import TrainConfig
+    from gossip.sim import Simulation, simulate_run
+    from gossip.topology import Topology
+
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 2, "batch_size": 8,
+                                    "eval_every": 1, "seed": 5, "attack": "1:gaussian,sigma=3"})
+    topology = Topology.generate("ring", 4)
+    exchanged = simulate_run(config, topology, "unused", write=False)
+    oracle = simulate_run(config, topology, "unused", Simulation(probe="oracle"), write=False)
+    for rank in range(4):
+        for a, b in zip(exchanged.records[rank], oracle.records[rank]):
+            assert b["consensus"] == pytest.approx(a["consensus"], rel=1e-9, abs=1e-15)
+            assert b["avg_accuracy"] == a["avg_accuracy"]
