@@ -40,11 +40,14 @@ def probe_all(weights: list[torch.Tensor], left_out: frozenset[int]):
     results, models = {}, []
 
     def peer(rank: int):
-        fake = SimpleNamespace(rank=rank, communicating=contextlib.nullcontext)
+        fake = SimpleNamespace(rank=rank, communicating=contextlib.nullcontext,
+                               all_peers_can_meet=lambda round: True,
+                               topology=SimpleNamespace(roles=None),
+                               strategy=SimpleNamespace(synchronous=True))
         fake.add_strategy = lambda *a, **k: SimpleNamespace(
             synchronize=lambda x, r: reduce.synchronize(x, r, rank))
         probe = ConsensusProbe(fake, task, left_out=left_out)
-        results[rank] = probe._measure(models[rank], 0)
+        results[rank] = probe.measure(models[rank], 0)
 
     for w in weights:
         model = torch.nn.Linear(2, 2, bias=False)
