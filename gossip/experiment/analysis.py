@@ -231,7 +231,7 @@ def _cell(value: Any) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if isinstance(value, float):
-        if 0 < abs(value) < 0.001:  # e.g. a consensus distance: not 0.000
+        if 0 < abs(value) < 0.001 or abs(value) >= 1e9:  # e.g. consensus distances
             return f"{value:.2e}"
         return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value)
