@@ -48,10 +48,10 @@ def refusal(kind: AttackKind, strategy: str, capabilities: Mapping[str, Any]) ->
         return (f"attack {kind.name}: strategy {strategy} does not send its model to its "
                 f"neighbours; attacks need a gossip strategy (dpsgd, matcha)")
     if kind.needs == "neighbours" and not (capabilities["synchronous"]
-                                           and capabilities["preserves_mean"]):
+                                           and capabilities["symmetric_exchange"]):
         return (f"attack {kind.name}: it waits for the round's model of each neighbour it "
                 f"sends to, which only symmetric gossip in rounds sends back (synchronous, "
-                f"preserves_mean); strategy {strategy} does not")
+                f"symmetric_exchange); strategy {strategy} does not")
     return None
 
 

@@ -6,6 +6,10 @@ is not part of the algorithm). An asynchronous run has no rounds: its row r is t
 (r + 1)-th P records in wall-clock order (P peers), whoever wrote them. Its loss is the sample-weighted mean over the peers of the
 round's mini-batch losses, smoothed by a trailing moving average; bytes are the mean
 per peer; accuracy the mean over peers of each local model's test accuracy.
+
+A run with attackers (its config's ``attack``) is the honest peers': the attackers' records
+are left out of every figure, and its consensus probe already measured the honest peers
+alone (gossip/training/consensus.py).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,8 @@ class Curve:
     bytes_sent: np.ndarray  # mean per peer, cumulative
     avg_accuracy: float | None  # test accuracy of the peers' average model, last measured
     minibatch_share: float  # finished / planned mini-batches over the run
+    consensus: np.ndarray = field(default_factory=lambda: np.empty(0))  # nan: not measured
+    attackers: tuple[int, ...] = ()  # ranks left out: the run's attackers
 
     def time_to(self, target: float) -> float | None:
         """Seconds until the smoothed loss first reached ``target`` (None: never)."""
@@ -61,15 +67,18 @@ SMOOTH = 10
 
 def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
     """Aggregate one run directory's ``peer-R.jsonl`` files."""
-    from gossip.strategies.wrapping import wrapped  # torch: not at the CLI's start
+    from gossip.attacks import Attacks  # torch: not at the CLI's start
+    from gossip.strategies.wrapping import wrapped
 
     config = _config(run_dir)
-    files = sorted(run_dir.glob("peer-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
-    peers = [read_jsonl(f) for f in files]
+    train = config.get("train", {})
+    attackers = tuple(sorted(Attacks.parse(train.get("attack"), source=f"{run_dir}: attack")
+                             .by_rank))
+    files = sorted(run_dir.glob("peer-*.jsonl"), key=_rank)
+    peers = [read_jsonl(f) for f in files if _rank(f) not in attackers]
     peers = [records for records in peers if records]
     if not peers:
         raise ConfigError(f"{run_dir}: no metrics recorded")
-    train = config.get("train", {})
     if _asynchronous(train.get("strategy"), train.get("options") or {}):
         rows = _rows_in_time_order(peers)
     else:
@@ -107,7 +116,20 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
         bytes_sent=np.array([np.mean([r["bytes_sent"] for r in row]) for row in rows]),
         avg_accuracy=avg[-1] if avg else None,
         minibatch_share=finished / planned if planned else 1.0,
+        consensus=np.array([_first_known(row, "consensus") for row in rows]),
+        attackers=attackers,
     )
+
+
+def _rank(path: Path) -> int:
+    """``peer-R.jsonl`` -> R."""
+    return int(path.stem.split("-")[1])
+
+
+def _first_known(row: Sequence[dict], key: str) -> float:
+    """A value every peer of the row recorded alike (the probe's), nan if none did."""
+    values = [r[key] for r in row if r.get(key) is not None]
+    return float(values[0]) if values else math.nan
 
 
 def _asynchronous(strategy: str | None, options: dict) -> bool:
@@ -177,7 +199,10 @@ def summarize(curves: Sequence[Curve], *, target: float | None,
             "MB sent": float(c.bytes_sent[-1]) / 1e6,
             "minibatches %": 100.0 * c.minibatch_share,
             "time s": float(c.time[-1]),
+            "consensus": _last_known(c.consensus),
         }
+        if any(other.attackers for other in curves):
+            row["attackers"] = ",".join(map(str, c.attackers)) or None
         if target is not None:
             row[f"time to {target:g} s"] = reached[c.name]
             sent = c.bytes_to(target)
@@ -187,6 +212,11 @@ def summarize(curves: Sequence[Curve], *, target: float | None,
                 row[f"speed-up vs {base}"] = (theirs / mine if mine and theirs else None)
         rows.append(row)
     return rows
+
+
+def _last_known(values: np.ndarray) -> float | None:
+    known = values[np.isfinite(values)]
+    return float(known[-1]) if known.size else None
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
@@ -206,5 +236,7 @@ def _cell(value: Any) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if isinstance(value, float):
+        if 0 < abs(value) < 0.001 or abs(value) >= 1e9:  # e.g. consensus distances
+            return f"{value:.2e}"
         return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value)

@@ -1,4 +1,5 @@
-"""PNG figures of an experiment: loss vs time and bytes, accuracy vs round and bytes.
+"""PNG figures of an experiment: loss vs time and bytes, accuracy vs round and bytes,
+consensus vs round.
 
 Runs of one family (e.g. ``dpsgd`` and ``nonblocking(dpsgd)``) share a colour; non-blocking
 runs are dashed.
@@ -18,6 +19,8 @@ FIGURES = {  # file -> (x attribute, x label, y attribute, y label, log y)
     "accuracy_vs_round.png": ("rounds", "round", "accuracy", "test accuracy", False),
     "accuracy_vs_bytes.png": ("bytes_sent", "MB sent per peer", "accuracy", "test accuracy",
                               False),
+    "consensus_vs_round.png": ("rounds", "round", "consensus",
+                               "consensus distance (mean squared)", True),
 }
 
 
@@ -37,7 +40,10 @@ def plot_curves(curves: Sequence[Curve], out: Path, *, target: float | None = No
         fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
         for c in curves:
             x = getattr(c, x_attr) / (1e6 if x_attr == "bytes_sent" else 1)
-            ax.plot(x, getattr(c, y_attr), label=c.name,
+            y = getattr(c, y_attr)
+            if y_attr == "consensus":  # measured every eval_every rounds; 0 has no log
+                x, y = x[y > 0], y[y > 0]
+            ax.plot(x, y, label=c.name,
                     color=colours[families.index(c.family) % len(colours)],
                     linestyle="--" if c.nonblocking else "-", linewidth=1.6)
         if y_attr == "loss" and target is not None:

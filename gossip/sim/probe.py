@@ -19,10 +19,11 @@ from gossip.training.consensus import some_rank_only_serves
 
 
 class Meetings:
-    """Each probed round's parameter vectors, by rank, until every live peer has given its."""
+    """Each probed round's parameter vectors, by rank, until every live peer has given its;
+    the mean is over the ranks not ``left_out`` (a run's attackers, as the real probe)."""
 
-    def __init__(self, world):
-        self.world = world
+    def __init__(self, world, *, left_out: frozenset[int] = frozenset()):
+        self.world, self.left_out = world, left_out
         self.rounds: dict[int, dict] = {}
 
     def meet(self, round: int, rank: int, x: torch.Tensor, timeout: float):
@@ -33,7 +34,8 @@ class Meetings:
         meeting["vectors"][rank] = x
         if len(meeting["vectors"]) == world.size:
             vectors = meeting["vectors"]
-            stacked = torch.stack([vectors[r] for r in range(world.size)])
+            stacked = torch.stack([vectors[r] for r in range(world.size)
+                                   if r not in self.left_out])
             meeting["mean"] = (stacked.mean(dim=0), (stacked * stacked).sum(dim=1).mean())
             del self.rounds[round]
             for task in meeting["waiting"]:

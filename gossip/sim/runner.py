@@ -162,7 +162,8 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
         bar.set_postfix_str(f"virtual {world.scheduler.now:.2f} s, wall "
                             f"{time.perf_counter() - started:.0f} s", refresh=False)
 
-    meetings = Meetings(world) if simulation.probe == "oracle" else None
+    meetings = (Meetings(world, left_out=frozenset(config.attack.by_rank))
+                if simulation.probe == "oracle" else None)
     board = Board(world, topology, config.attack.by_rank) if config.attack.rushing else None
     stats: dict[int, dict] = {}
     for rank in range(size):

@@ -17,7 +17,8 @@ from gossip.transport import Message, Transport
 
 STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
-CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "needs_every_peer",
+CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "symmetric_exchange",
+                "needs_every_peer",
                 "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
                 "plans_rounds", "keeps_tensor", "serves_roles", "wraps")
 #: The strategy a peer runs when none is named.
@@ -78,6 +79,10 @@ class Strategy(ABC):
     exact_mean: ClassVar[bool] = False
     #: A round leaves the peers' average unchanged (gossip with a doubly stochastic mix).
     preserves_mean: ClassVar[bool] = False
+    #: Symmetric gossip in rounds: in each round a peer sends its model to each partner of
+    #: the round and gets the partner's model of that round back, however it then mixes them
+    #: (robust mixing keeps it; a rushing attacker waits for those models).
+    symmetric_exchange: ClassVar[bool] = False
     #: Every round needs every peer (an all-reduce): one dead peer stops it everywhere, so
     #: the transport stops its messages' waits as soon as any peer is known lost.
     needs_every_peer: ClassVar[bool] = False

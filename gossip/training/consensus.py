@@ -25,10 +25,14 @@ def some_rank_only_serves(topology) -> bool:
 
 
 class ConsensusProbe:
-    """Measures the peers' consensus with an exact-mean strategy added to ``peer``."""
+    """Measures the peers' consensus with an exact-mean strategy added to ``peer``.
 
-    def __init__(self, peer: Peer, task: Task):
+    ``left_out`` ranks (a run's attackers) still join the all-reduce, which needs every
+    peer, but add nothing to it: distance and average model are the other peers' own."""
+
+    def __init__(self, peer: Peer, task: Task, *, left_out: frozenset[int] = frozenset()):
         self.peer, self.task = peer, task
+        self.left_out = left_out
         self.strategy = peer.add_strategy(EXACT_MEAN, tag=PROBE_TAG)
 
     def measure(self, model: torch.nn.Module, round: int) -> tuple[float | None, float | None]:
@@ -49,11 +53,19 @@ class ConsensusProbe:
     @torch.no_grad()
     def _measure(self, model: torch.nn.Module, round: int) -> tuple[float, float]:
         """Mean squared distance of the peers' parameters to their average, and the average
-        model's test accuracy, from one all-reduce of [params, ||params||^2] in float64."""
+        model's test accuracy, from one all-reduce of [params, ||params||^2] in float64
+        (with ranks left out: [params, ||params||^2, 1], zeros from those, over its last)."""
         params = [p for p in model.parameters()]
         x = parameters_to_vector(params).double()
+        parts = [x, x.dot(x).reshape(1)]
+        if self.left_out:
+            parts.append(torch.ones(1, dtype=x.dtype))
+            if self.peer.rank in self.left_out:
+                parts = [torch.zeros_like(part) for part in parts]
         with self.peer.communicating():
-            mean = self.strategy.synchronize(torch.cat([x, x.dot(x).reshape(1)]), round)
+            mean = self.strategy.synchronize(torch.cat(parts), round)
+        if self.left_out:
+            mean = mean[:-1] / mean[-1]  # the mean over the counted peers only
         avg, mean_sq = mean[:-1], mean[-1].item()
         distance = max(mean_sq - avg.dot(avg).item(), 0.0)
         own = parameters_to_vector(params).clone()

@@ -36,8 +36,9 @@ class Record:
             stopped this peer early).
         samples: Training samples of those mini-batches.
         consensus: Every ``eval_every`` rounds and in the last one: the mean squared
-            distance of the peers' models to their average; None otherwise, and once a
-            peer is lost (the probe is an all-reduce over every peer).
+            distance of the peers' models to their average (the honest peers' in a run
+            with attackers); None otherwise, and once a peer is lost (the probe is an
+            all-reduce over every peer).
         avg_accuracy: Test accuracy of that average model, when ``consensus`` is measured.
         lost_peers: Every peer lost so far, ``{rank: round this peer noticed it in}``.
         resumed_from: On the first record after a restart: the checkpoint's round.

@@ -93,7 +93,9 @@ class Trainer:
         if config.overlap:
             peer.attach(model, bucket_mb=config.bucket_mb)
         self.delays = config.delays.for_rank(peer.rank, seed=config.seed)
-        self.consensus = ConsensusProbe(peer, self.task)
+        # the honest peers' consensus: attackers' models are not what training converges to
+        self.consensus = ConsensusProbe(peer, self.task,
+                                        left_out=frozenset(config.attack.by_rank))
         self.drawn = 0  # mini-batches computed so far: indexes this rank's straggler draws
         self.first_round = 0
         self.resumed_from: int | None = None  # the checkpoint's round, after a resume

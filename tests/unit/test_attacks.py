@@ -169,3 +169,12 @@ def test_runs_an_attack_cannot_fit_are_refused_before_they_start(attack, strateg
 
 def test_runs_it_fits_pass():
     check_run(TrainConfig(attack=Attacks.parse(["1:alie,z=1", "2:labelflip"])), Topology.ring(5))
+
+
+@pytest.mark.parametrize("options", [{"robust": "median"}, {"robust": "trimmed-mean", "trim": 1},
+                                     {"robust": "clip", "tau_rule": "second"}])
+def test_rushing_attacks_fit_robust_mixing(options):
+    """Robust mixing changes how a peer mixes (its average is no longer kept), not what it
+    sends: the round's models still come back, so the rushing attacks can aim at it."""
+    check_run(TrainConfig(options=options, attack=Attacks.parse(["1:alie,z=1", "3:dissensus"])),
+              Topology.generate("complete", 5))

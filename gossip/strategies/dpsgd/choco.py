@@ -39,6 +39,7 @@ class ChocoGossip(Strategy):
     options_class = DPSGDOptions
     operates_on = "params"
     preserves_mean = True
+    symmetric_exchange = True
 
     def __init__(self, *, rank, topology, transport, options: DPSGDOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)

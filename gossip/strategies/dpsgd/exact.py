@@ -26,6 +26,7 @@ class DPSGD(Strategy):
     options_class = DPSGDOptions
     operates_on = "params"
     preserves_mean = True
+    symmetric_exchange = True
     can_rejoin = True
 
     def __init__(self, *, rank, topology, transport, options: DPSGDOptions | None = None):

@@ -33,6 +33,7 @@ class StaleDPSGD(DPSGD):
     (older pending ones dropped, so at most s + 1 rounds of a neighbour are ever kept)."""
 
     preserves_mean = False
+    symmetric_exchange = False  # a neighbour's model may be older
 
     def __init__(self, *, rank, topology, transport, options=None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)

@@ -38,6 +38,7 @@ class ChocoMatcha(Strategy):
     options_class = MatchaOptions
     operates_on = "params"
     preserves_mean = True
+    symmetric_exchange = True
 
     def __init__(self, *, rank, topology, transport, options: MatchaOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)

@@ -28,6 +28,7 @@ class Matcha(Strategy):
     options_class = MatchaOptions
     operates_on = "params"
     preserves_mean = True
+    symmetric_exchange = True
     can_rejoin = True
 
     def __init__(self, *, rank, topology, transport, options: MatchaOptions | None = None):
