@@ -159,7 +159,10 @@ def test_many_buckets_average_like_the_blocking_step(size, local_topology, run_p
     assert overlap.buckets == [6] * size  # the same plan on every rank
     _same_on_every_peer(overlap.grads)
     _same_on_every_peer(overlap.params)
-    torch.testing.assert_close(overlap.grads, blocking.grads, rtol=1e-6, atol=1e-6)
+    # float32: buckets cut the ring's pieces elsewhere, so sums round in another order, and two
+    # steps later that drift is a few 1e-6 (1.8e-6 on an H100 host's 16-thread kernels): the
+    # tolerance is float32's, not a bitwise claim (one bucket is bitwise, above).
+    torch.testing.assert_close(overlap.grads, blocking.grads, rtol=1e-5, atol=1e-5)
     # The parameter no forward uses got zeros from everyone, its bucket did not hang.
     unused = slice(0, 5)  # a module's own parameters come before its children's
     assert torch.equal(overlap.grads[:, :, unused], torch.zeros(3, size, 5))
