@@ -189,8 +189,45 @@ def sorted_rows(stack: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class RobustOptions(Options):
+class RuleOptions(Options):
+    """What the ``robust`` options of gossip mixing and of whole-vector aggregates share:
+    ``trim``, and which options belong to which rule."""
+
+    #: rule -> the options that belong to it (given with another rule: refused).
+    rule_options: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    trim: int | None = option(
+        None, "robust=trimmed-mean: values dropped at each end, per coordinate",
+        check=at_least(1))
+
+    def check_rule_options(self) -> None:
+        """Refuse an option of another rule than ``robust`` and a trimmed mean without
+        ``trim``."""
+        rule = self.robust
+        given = {name for names in self.rule_options.values() for name in names
+                 if getattr(self, name) is not None}
+        for name in sorted(given - set(self.rule_options.get(rule, ()))):
+            owner = next(r for r, names in self.rule_options.items() if name in names)
+            raise ConfigError(f"{name} is an option of robust={owner}, not of "
+                              f"robust={rule or 'none'}")
+        if rule == "trimmed-mean" and self.trim is None:
+            raise ConfigError("robust=trimmed-mean needs trim (values dropped at each end)")
+
+    def check_conflict(self) -> None:
+        why = self.robust_conflict() if self.robust is not None else None
+        if why:
+            raise ConfigError(f"robust={self.robust}: {why}")
+
+    def robust_conflict(self) -> str | None:
+        """Why these options cannot be robust (None: they can)."""
+        return None
+
+
+@dataclass(frozen=True)
+class RobustOptions(RuleOptions):
     """The options of a gossip strategy that can mix robustly (dpsgd, matcha)."""
+
+    rule_options = {"clip": ("tau", "tau_rule", "delta"), "trimmed-mean": ("trim",)}
 
     #: The rules this strategy's rounds allow (matcha's rounds may have a single partner).
     robust_rules: ClassVar[tuple[str, ...]] = RULES
@@ -210,38 +247,21 @@ class RobustOptions(Options):
     delta: float | None = option(
         None, "tau_rule=delta: the neighbours' weight that may be Byzantine, in (0, 1)",
         check=lambda d: None if 0 < d < 1 else "must be in (0, 1)")
-    trim: int | None = option(
-        None, "robust=trimmed-mean: values dropped at each end, per coordinate",
-        check=at_least(1))
 
     def __post_init__(self):
         super().__post_init__()
         rule = self.robust
         if rule is not None and rule not in self.robust_rules:
             raise ConfigError(f"robust={rule}: {self.robust_refusal(rule)}")
-        given = {name for name in ("tau", "tau_rule", "delta", "trim")
-                 if getattr(self, name) is not None}
-        allowed = {"clip": {"tau", "tau_rule", "delta"}, "trimmed-mean": {"trim"}}.get(rule, set())
-        for name in sorted(given - allowed):
-            raise ConfigError(f"{name} is an option of robust="
-                              f"{'trimmed-mean' if name == 'trim' else 'clip'}, not of "
-                              f"robust={rule or 'none'}")
+        self.check_rule_options()
         self.aggregator()  # refuses a clip without exactly one radius
-        if (self.tau_rule == "delta") != ("delta" in given):
+        if (self.tau_rule == "delta") != (self.delta is not None):
             raise ConfigError("delta goes with tau_rule=delta, and tau_rule=delta needs it")
-        if rule == "trimmed-mean" and self.trim is None:
-            raise ConfigError("robust=trimmed-mean needs trim (values dropped at each end)")
-        why = self.robust_conflict() if rule is not None else None
-        if why:
-            raise ConfigError(f"robust={rule}: {why}")
+        self.check_conflict()
 
     def robust_refusal(self, rule: str) -> str:
         """Why this strategy does not allow ``rule`` (one not in ``robust_rules``)."""
         return f"this strategy allows robust={' or '.join(self.robust_rules)}"
-
-    def robust_conflict(self) -> str | None:
-        """Why these options cannot mix robustly (None: they can)."""
-        return None
 
     def aggregator(self) -> Aggregator | None:
         """The aggregator these options name (None: the plain weighted sum)."""
@@ -351,9 +371,11 @@ def nothing(like: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class GatheredRobustOptions(Options):
+class GatheredRobustOptions(RuleOptions):
     """The options of a strategy that holds every peer's whole vector where it averages and
     can aggregate them robustly (``ps`` sync on each shard, ``topk-allgather``)."""
+
+    rule_options = {"centered-clip": ("tau", "passes", "start"), "trimmed-mean": ("trim",)}
 
     robust: str | None = option(
         None, f"robust aggregate of the peers' vectors: {', '.join(GATHERED_RULES)} (none: "
@@ -370,31 +392,13 @@ class GatheredRobustOptions(Options):
         None, "robust=centered-clip: start each aggregate from the last one (last, the "
               "default) or from the coordinate median (median)",
         check=lambda s: None if s in STARTS else f"must be one of {', '.join(STARTS)}")
-    trim: int | None = option(
-        None, "robust=trimmed-mean: values dropped at each end, per coordinate",
-        check=at_least(1))
 
     def __post_init__(self):
         super().__post_init__()
-        rule = self.robust
-        allowed = {"centered-clip": {"tau", "passes", "start"},
-                   "trimmed-mean": {"trim"}}.get(rule, set())
-        for name in ("passes", "start", "tau", "trim"):
-            if getattr(self, name) is not None and name not in allowed:
-                raise ConfigError(f"{name} is an option of robust="
-                                  f"{'trimmed-mean' if name == 'trim' else 'centered-clip'}, "
-                                  f"not of robust={rule or 'none'}")
-        if rule == "centered-clip" and self.tau is None:
+        self.check_rule_options()
+        if self.robust == "centered-clip" and self.tau is None:
             raise ConfigError("robust=centered-clip needs tau (the clipping radius)")
-        if rule == "trimmed-mean" and self.trim is None:
-            raise ConfigError("robust=trimmed-mean needs trim (values dropped at each end)")
-        why = self.robust_conflict() if rule is not None else None
-        if why:
-            raise ConfigError(f"robust={rule}: {why}")
-
-    def robust_conflict(self) -> str | None:
-        """Why these options cannot aggregate robustly (None: they can)."""
-        return None
+        self.check_conflict()
 
     def gathered(self) -> Gathered | None:
         """The aggregate these options name (None: the plain mean)."""
