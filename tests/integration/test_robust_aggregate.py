@@ -6,7 +6,6 @@ honest results stay within CenteredClip's bound of the honest mean."""
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 import pytest
@@ -15,8 +14,8 @@ import torch
 from gossip.strategies import STRATEGIES
 from gossip.strategies.sparse.wire import encode_block, pack
 from gossip.topology import Topology
-from gossip.transport import Message, ZmqTransport
-from support import make_local_topology
+from gossip.transport import Message
+from support import make_local_topology, run_on_transports
 
 NUMEL, ROUNDS, TAU = 11, 4, 1.0
 PAYLOADS = {"huge": 1e30, "nan": math.nan}
@@ -31,52 +30,29 @@ def honest_vectors(count: int) -> torch.Tensor:
 def run(topology: Topology, strategy: str, options: dict, attacker: int, vectors, attack):
     """Honest workers synchronize their vector ``ROUNDS`` times (a server-only rank serves);
     ``attack(transport, round)`` is the attacker's every round. Returns {rank: results}."""
-    size = topology.size
-    workers = topology.roles.workers if topology.roles else tuple(range(size))
+    workers = topology.roles.workers if topology.roles else tuple(range(topology.size))
     results: dict[int, list[torch.Tensor]] = {}
-    opened, ready = threading.Barrier(size, timeout=20), threading.Barrier(size, timeout=20)
-    done = threading.Barrier(size, timeout=60)
-    errors: list[BaseException] = []
+    honest: dict[int, object] = {}
 
-    def main(rank: int) -> None:
-        transport = ZmqTransport.for_topology(rank, topology, timeout=10).open()
-        try:
-            opened.wait()
-            if rank != attacker:
-                peer = STRATEGIES.create(strategy, rank=rank, topology=topology,
-                                         transport=transport, options=options)
-                transport.accept_kinds(peer.kinds,
-                                       receiver_checks_finite=peer.checks_own_result)
-            else:
-                transport.accept_kinds((STRATEGIES.options(strategy, options).tag,))
-            ready.wait()
-            if rank == attacker:
-                for round in range(ROUNDS):
-                    attack(transport, round)
-            elif rank in workers:
-                mine = vectors[workers.index(rank) - (rank > attacker)]
-                results[rank] = [peer.synchronize(mine.clone(), r) for r in range(ROUNDS)]
-            if rank != attacker and hasattr(peer, "serve"):
-                peer.serve()
-        except BaseException as exc:  # reported below, after every thread has ended
-            errors.append(exc)
-            for barrier in (opened, ready, done):
-                barrier.abort()
-        finally:
-            try:
-                done.wait()
-            except threading.BrokenBarrierError:
-                pass
-            transport.close(linger=1.0)
+    def setup(rank: int, transport) -> None:
+        if rank == attacker:
+            transport.accept_kinds((STRATEGIES.options(strategy, options).tag,))
+            return
+        peer = honest[rank] = STRATEGIES.create(strategy, rank=rank, topology=topology,
+                                                transport=transport, options=options)
+        transport.accept_kinds(peer.kinds, receiver_checks_finite=peer.checks_own_result)
 
-    threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(90)
-    assert not any(t.is_alive() for t in threads), "a peer hung"
-    if errors:
-        raise errors[0]
+    def work(rank: int, transport) -> None:
+        if rank == attacker:
+            for round in range(ROUNDS):
+                attack(transport, round)
+            return
+        if rank in workers:
+            mine = vectors[workers.index(rank) - (rank > attacker)]
+            results[rank] = [honest[rank].synchronize(mine.clone(), r) for r in range(ROUNDS)]
+        honest[rank].serve()
+
+    run_on_transports(topology, setup, work)
     return results
 
 
