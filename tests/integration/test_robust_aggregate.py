@@ -29,7 +29,8 @@ def honest_vectors(count: int) -> torch.Tensor:
 
 def run(topology: Topology, strategy: str, options: dict, attacker: int, vectors, attack):
     """Honest workers synchronize their vector ``ROUNDS`` times (a server-only rank serves);
-    ``attack(transport, round)`` is the attacker's every round. Returns {rank: results}."""
+    ``attack(transport, round)`` is the attacker's every round. Returns {rank: results} and
+    {rank: strategy} of the honest ranks."""
     workers = topology.roles.workers if topology.roles else tuple(range(topology.size))
     results: dict[int, list[torch.Tensor]] = {}
     honest: dict[int, object] = {}
@@ -53,7 +54,7 @@ def run(topology: Topology, strategy: str, options: dict, attacker: int, vectors
         honest[rank].serve()
 
     run_on_transports(topology, setup, work)
-    return results
+    return results, honest
 
 
 def assert_within_the_bound(results: dict, vectors: torch.Tensor, n: int) -> None:
@@ -87,9 +88,13 @@ def test_ps_sync_with_one_worker_pushing_garbage(payload):
         if round == ROUNDS - 1:
             transport.send(0, Message(kind="ps", round=round, meta={"op": "done"}))
 
-    results = run(topology, "ps", options, 5, vectors, attack)
+    results, honest = run(topology, "ps", options, 5, vectors, attack)
     assert sorted(results) == [1, 2, 3, 4]
     assert_within_the_bound(results, vectors, 5)
+    server = honest[0].server
+    assert server.flagged == (ROUNDS if payload == "nan" else 0)
+    assert torch.equal(server.last_aggregate, results[1][-1])
+    assert torch.equal(honest[0].state_dict()["aggregates"]["ps"], results[1][-1])
 
 
 @pytest.mark.parametrize("payload", list(PAYLOADS))
@@ -107,9 +112,11 @@ def test_topk_allgather_with_one_peer_sending_garbage_sets(payload):
         for dst in range(4):
             transport.send(dst, msg)
 
-    results = run(topology, "topk-allgather", options, 4, vectors, attack)
+    results, honest = run(topology, "topk-allgather", options, 4, vectors, attack)
     assert sorted(results) == [0, 1, 2, 3]
     assert_within_the_bound(results, vectors, 5)
+    assert honest[0].record_fields(ROUNDS - 1) == {"robust_flagged": int(payload == "nan")}
+    assert torch.equal(honest[0].state_dict()["aggregate"], results[0][-1])
 
 
 def test_without_robust_one_huge_set_drags_the_mean():
@@ -125,5 +132,6 @@ def test_without_robust_one_huge_set_drags_the_mean():
         for dst in range(4):
             transport.send(dst, msg)
 
-    results = run(topology, "topk-allgather", {"density": 1.0}, 4, vectors, attack)
+    results, honest = run(topology, "topk-allgather", {"density": 1.0}, 4, vectors, attack)
     assert float(results[0][0].abs().min()) > 1e28
+    assert "aggregate" not in honest[0].state_dict() and not honest[0].record_fields(0)

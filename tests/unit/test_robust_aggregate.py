@@ -13,6 +13,8 @@ import torch
 from gossip.errors import ConfigError
 from gossip.strategies import STRATEGIES
 from gossip.strategies.robust import CenteredClip, CoordinateTrim
+from gossip.topology import Topology
+from gossip.transport import LoopbackHub
 
 
 def vectors(n: int, numel: int = 9, seed: int = 0) -> list[torch.Tensor]:
@@ -146,3 +148,30 @@ def test_what_cannot_work_is_one_line_naming_it(name, options, fault):
 def test_async_ps_has_no_step_to_aggregate(mode):
     with pytest.raises(ConfigError, match=f"^robust=median: .* not mode {mode}$"):
         STRATEGIES.options("ps", {"mode": mode, "robust": "median"})
+
+
+@pytest.mark.parametrize("name,options", [
+    ("ps", {"robust": "centered-clip", "tau": 1.0}),
+    ("topk-allgather", {"robust": "centered-clip", "tau": 1.0, "density": 1.0})])
+def test_the_last_aggregate_is_checkpointed(name, options):
+    """Centered-clip's start survives a restart: state_dict carries it, load_state_dict
+    puts it back (on a ps server, per shard)."""
+    topology = Topology.generate("complete", 2, host="127.0.0.1")
+    hub = LoopbackHub(2)
+
+    def make():
+        transport = hub.transport(0)
+        return STRATEGIES.create(name, rank=0, topology=topology, transport=transport,
+                                 options=options)
+
+    first = make()
+    aggregate = torch.arange(5.0)
+    if name == "ps":
+        first.server.last_aggregate = aggregate
+    else:
+        first.last_aggregate = aggregate
+    state = first.state_dict()
+    second = make()
+    second.load_state_dict(state)
+    got = second.server.last_aggregate if name == "ps" else second.last_aggregate
+    assert torch.equal(got, aggregate)

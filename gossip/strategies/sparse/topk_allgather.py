@@ -33,11 +33,14 @@ class TopKAllGather(SparseStrategy):
         self.robust = self.options.gathered()
         self.checks_own_result = self.capabilities_for(self.options)["checks_own_result"]
         self.last_aggregate: torch.Tensor | None = None  # robust: centered-clip's start
-        self.flagged = 0  # robust: sets left out as non-finite, in all
+        self.flagged = 0  # robust: sets left out as non-finite in the latest round
 
     @classmethod
     def capabilities_for(cls, options):
         return options.gathered_capabilities(super().capabilities_for(options))
+
+    def record_fields(self, round):
+        return {} if self.robust is None else {"robust_flagged": self.flagged}
 
     def state_dict(self):
         state = super().state_dict()
@@ -91,4 +94,4 @@ class TopKAllGather(SparseStrategy):
             with timings("reduce"):
                 aggregate, flagged = self.robust.aggregate(gathered, self.last_aggregate)
                 dest.copy_(aggregate)
-                self.last_aggregate, self.flagged = aggregate, self.flagged + flagged
+                self.last_aggregate, self.flagged = aggregate, flagged
