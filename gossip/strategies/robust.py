@@ -196,6 +196,8 @@ class RuleOptions(Options):
     #: rule -> the options that belong to it (given with another rule: refused).
     rule_options: ClassVar[dict[str, tuple[str, ...]]] = {}
 
+    # Declared here to come first; each subclass declares it again with its rules.
+    robust: str | None = option(None, "the robust rule (none: the plain combination)")
     trim: int | None = option(
         None, "robust=trimmed-mean: values dropped at each end, per coordinate",
         check=at_least(1))
