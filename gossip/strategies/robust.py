@@ -139,10 +139,7 @@ class TrimmedMean(Aggregator):
         self.trim = trim
 
     def _trim(self, count: int) -> int:
-        """How many to drop at each end of ``count`` values (fewer when flagged neighbours
-        left too few: those were surely faulty, so fewer liars remain)."""
-        most = (count - 1) // 2
-        return most if self.trim is None else min(self.trim, most)
+        return trim_count(self.trim, count)
 
     def check(self, inputs):
         if self.trim is None:
@@ -167,6 +164,14 @@ class TrimmedMean(Aggregator):
         return Mixed(trimmed / total if total else 0.0, len(neighbours) - len(valid))
 
 
+def trim_count(trim: int | None, count: int) -> int:
+    """How many to drop at each end of ``count`` values (``trim=None``: all but the middle
+    one or two; fewer when flagged inputs left too few: those were surely faulty, so fewer
+    liars remain)."""
+    most = (count - 1) // 2
+    return most if trim is None else min(trim, most)
+
+
 def sorted_rows(stack: torch.Tensor) -> torch.Tensor:
     """``stack`` (a few rows of many values) sorted along its rows, per column: an odd-even
     transposition network of whole-row minima and maxima, n passes for n rows. The values
@@ -184,8 +189,47 @@ def sorted_rows(stack: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class RobustOptions(Options):
+class RuleOptions(Options):
+    """What the ``robust`` options of gossip mixing and of whole-vector aggregates share:
+    ``trim``, and which options belong to which rule."""
+
+    #: rule -> the options that belong to it (given with another rule: refused).
+    rule_options: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    # Declared here to come first; each subclass declares it again with its rules.
+    robust: str | None = option(None, "the robust rule (none: the plain combination)")
+    trim: int | None = option(
+        None, "robust=trimmed-mean: values dropped at each end, per coordinate",
+        check=at_least(1))
+
+    def check_rule_options(self) -> None:
+        """Refuse an option of another rule than ``robust`` and a trimmed mean without
+        ``trim``."""
+        rule = self.robust
+        given = {name for names in self.rule_options.values() for name in names
+                 if getattr(self, name) is not None}
+        for name in sorted(given - set(self.rule_options.get(rule, ()))):
+            owner = next(r for r, names in self.rule_options.items() if name in names)
+            raise ConfigError(f"{name} is an option of robust={owner}, not of "
+                              f"robust={rule or 'none'}")
+        if rule == "trimmed-mean" and self.trim is None:
+            raise ConfigError("robust=trimmed-mean needs trim (values dropped at each end)")
+
+    def check_conflict(self) -> None:
+        why = self.robust_conflict() if self.robust is not None else None
+        if why:
+            raise ConfigError(f"robust={self.robust}: {why}")
+
+    def robust_conflict(self) -> str | None:
+        """Why these options cannot be robust (None: they can)."""
+        return None
+
+
+@dataclass(frozen=True)
+class RobustOptions(RuleOptions):
     """The options of a gossip strategy that can mix robustly (dpsgd, matcha)."""
+
+    rule_options = {"clip": ("tau", "tau_rule", "delta"), "trimmed-mean": ("trim",)}
 
     #: The rules this strategy's rounds allow (matcha's rounds may have a single partner).
     robust_rules: ClassVar[tuple[str, ...]] = RULES
@@ -205,38 +249,21 @@ class RobustOptions(Options):
     delta: float | None = option(
         None, "tau_rule=delta: the neighbours' weight that may be Byzantine, in (0, 1)",
         check=lambda d: None if 0 < d < 1 else "must be in (0, 1)")
-    trim: int | None = option(
-        None, "robust=trimmed-mean: values dropped at each end, per coordinate",
-        check=at_least(1))
 
     def __post_init__(self):
         super().__post_init__()
         rule = self.robust
         if rule is not None and rule not in self.robust_rules:
             raise ConfigError(f"robust={rule}: {self.robust_refusal(rule)}")
-        given = {name for name in ("tau", "tau_rule", "delta", "trim")
-                 if getattr(self, name) is not None}
-        allowed = {"clip": {"tau", "tau_rule", "delta"}, "trimmed-mean": {"trim"}}.get(rule, set())
-        for name in sorted(given - allowed):
-            raise ConfigError(f"{name} is an option of robust="
-                              f"{'trimmed-mean' if name == 'trim' else 'clip'}, not of "
-                              f"robust={rule or 'none'}")
+        self.check_rule_options()
         self.aggregator()  # refuses a clip without exactly one radius
-        if (self.tau_rule == "delta") != ("delta" in given):
+        if (self.tau_rule == "delta") != (self.delta is not None):
             raise ConfigError("delta goes with tau_rule=delta, and tau_rule=delta needs it")
-        if rule == "trimmed-mean" and self.trim is None:
-            raise ConfigError("robust=trimmed-mean needs trim (values dropped at each end)")
-        why = self.robust_conflict() if rule is not None else None
-        if why:
-            raise ConfigError(f"robust={rule}: {why}")
+        self.check_conflict()
 
     def robust_refusal(self, rule: str) -> str:
         """Why this strategy does not allow ``rule`` (one not in ``robust_rules``)."""
         return f"this strategy allows robust={' or '.join(self.robust_rules)}"
-
-    def robust_conflict(self) -> str | None:
-        """Why these options cannot mix robustly (None: they can)."""
-        return None
 
     def aggregator(self) -> Aggregator | None:
         """The aggregator these options name (None: the plain weighted sum)."""
@@ -262,4 +289,132 @@ class RobustOptions(Options):
         if robust is None:
             return dict(held)
         return {**held, "preserves_mean": held["preserves_mean"] and robust.preserves_mean,
+                "checks_own_result": True}
+
+
+# -- robust aggregates of whole vectors ----------------------------------------------------
+
+#: The ``robust`` option's values where one peer holds every peer's whole vector (the ps
+#: server's pushes of a shard, topk-allgather's P sets).
+GATHERED_RULES = ("centered-clip", "trimmed-mean", "median")
+#: Where centered-clip starts each aggregate.
+STARTS = ("last", "median")
+
+
+class Gathered(ABC):
+    """A robust replacement for the mean of n whole vectors, a pure function of them (and,
+    for centered-clip, of the last aggregate). A vector holding NaN/Inf is flagged and left
+    out."""
+
+    @abstractmethod
+    def aggregate(self, vectors: Sequence[torch.Tensor],
+                  last: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """A new tensor, the aggregate of the flat ``vectors`` given the previous one
+        (``last``; None at the first), and how many vectors were flagged non-finite. With
+        none finite: ``last``, or zeros at the first (nothing moves)."""
+
+    @staticmethod
+    def finite(vectors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [x for x in vectors if _finite(x)]
+
+
+class CoordinateTrim(Gathered):
+    """Per coordinate, the mean of the n values less the ``trim`` highest and lowest
+    (``trim=None``: the median)."""
+
+    def __init__(self, trim: int | None):
+        self.trim = trim
+
+    def aggregate(self, vectors, last):
+        valid = self.finite(vectors)
+        if not valid:
+            return nothing(vectors[0], last), len(vectors)
+        ordered = sorted_rows(torch.stack(valid))
+        trim = trim_count(self.trim, len(ordered))
+        return ordered[trim:len(ordered) - trim].mean(dim=0), len(vectors) - len(valid)
+
+
+class CenteredClip(Gathered):
+    """CenteredClip (Karimireddy, He & Jaggi 2021): ``passes`` times
+    v <- v + (1/n) sum_k CLIP(x_k - v, tau), from the last aggregate (``start="last"``; the
+    coordinate median at the first) or from the coordinate median each time (BTARD). A pass
+    moves v by at most tau, toward a single vector by at most tau / n; tau = inf: one pass
+    gives the mean. A difference that overflows flags its vector, as a non-finite one."""
+
+    def __init__(self, tau: float, passes: int, start: str):
+        self.tau, self.passes, self.start = tau, passes, start
+
+    def aggregate(self, vectors, last):
+        valid = self.finite(vectors)
+        if not valid:
+            return nothing(vectors[0], last), len(vectors)
+        if last is None or self.start == "median":
+            v = CoordinateTrim(None).aggregate(valid, None)[0]
+        else:
+            v = last.to(valid[0].dtype, copy=True)
+        step, gap = torch.empty_like(v), torch.empty_like(v)
+        for _ in range(self.passes):
+            step.zero_()
+            for x in valid:
+                torch.sub(x, v, out=gap)
+                norm = float(torch.linalg.vector_norm(gap, dtype=torch.float64))
+                if not math.isfinite(norm):
+                    continue  # overflowed: its difference counts as zero
+                if norm > self.tau:
+                    gap.mul_(self.tau / norm)
+                step.add_(gap)
+            v.add_(step, alpha=1.0 / len(valid))
+        return v, len(vectors) - len(valid)
+
+
+def nothing(like: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+    """The aggregate when every vector was flagged: the last one, or zeros."""
+    return torch.zeros_like(like) if last is None else last.to(like.dtype, copy=True)
+
+
+@dataclass(frozen=True)
+class GatheredRobustOptions(RuleOptions):
+    """The options of a strategy that holds every peer's whole vector where it averages and
+    can aggregate them robustly (``ps`` sync on each shard, ``topk-allgather``)."""
+
+    rule_options = {"centered-clip": ("tau", "passes", "start"), "trimmed-mean": ("trim",)}
+
+    robust: str | None = option(
+        None, f"robust aggregate of the peers' vectors: {', '.join(GATHERED_RULES)} (none: "
+              f"the mean)",
+        check=lambda r: None if r in GATHERED_RULES else
+        f"must be one of {', '.join(GATHERED_RULES)}")
+    tau: float | None = option(
+        None, "robust=centered-clip: the radius each vector's difference to the aggregate is "
+              "clipped to per pass", check=lambda t: None if t > 0 else "must be positive")
+    passes: int | None = option(
+        None, "robust=centered-clip: clipping passes per aggregate (default 1)",
+        check=at_least(1))
+    start: str | None = option(
+        None, "robust=centered-clip: start each aggregate from the last one (last, the "
+              "default) or from the coordinate median (median)",
+        check=lambda s: None if s in STARTS else f"must be one of {', '.join(STARTS)}")
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_rule_options()
+        if self.robust == "centered-clip" and self.tau is None:
+            raise ConfigError("robust=centered-clip needs tau (the clipping radius)")
+        self.check_conflict()
+
+    def gathered(self) -> Gathered | None:
+        """The aggregate these options name (None: the plain mean)."""
+        if self.robust == "centered-clip":
+            return CenteredClip(self.tau, self.passes or 1, self.start or "last")
+        if self.robust is not None:
+            return CoordinateTrim(self.trim)
+        return None
+
+    def gathered_capabilities(self, held: dict[str, Any]) -> dict[str, Any]:
+        """The capabilities ``held`` with a robust aggregate: not the exact mean nor keeping
+        it, and taking non-finite vectors from the transport (they are flagged and left out,
+        not waited for until the round times out)."""
+        if self.robust is None:
+            return dict(held)
+        return {**held, "exact_mean": False, "preserves_mean": False,
                 "checks_own_result": True}

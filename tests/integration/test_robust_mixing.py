@@ -5,7 +5,6 @@ like under valid headers (shared/specs/robust.md section 4)."""
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +12,8 @@ import torch
 
 from gossip.compress import create
 from gossip.strategies import STRATEGIES
-from gossip.transport import Message, ZmqTransport
+from gossip.transport import Message
+from support import run_on_transports
 
 NUMEL = 11
 
@@ -48,50 +48,28 @@ def run_with_attackers(topology, options: dict, data: torch.Tensor,
     n_rounds, size = data.shape[:2]
     results = torch.full_like(data, math.nan)
     strategies: list = [None] * size
-    opened, ready = threading.Barrier(size, timeout=20), threading.Barrier(size, timeout=20)
-    done = threading.Barrier(size, timeout=60)
-    errors: list[BaseException] = []
 
-    def main(rank: int) -> None:
-        transport = ZmqTransport.for_topology(rank, topology, timeout=10).open()
-        try:
-            opened.wait()  # every address bound before anyone connects: no reconnect delay
-            if rank not in attackers:  # before any payload can arrive
-                strategy = STRATEGIES.create("dpsgd", rank=rank, topology=topology,
-                                             transport=transport, options=options)
-                strategies[rank] = strategy
-                # As Peer does: robust mixing takes non-finite models and leaves them out.
-                transport.accept_kinds(strategy.kinds,
-                                       receiver_checks_finite=strategy.checks_own_result)
-            ready.wait()
-            if rank in attackers:
-                for round in range(n_rounds):
-                    for j in topology.neighbors(rank):
-                        payload = attackers[rank](round, j, data[round]).contiguous()
-                        transport.send(j, message(payload, round, options))
-            else:
-                for round in range(n_rounds):
-                    results[round, rank] = strategies[rank].synchronize(
-                        data[round, rank].clone(), round)
-        except BaseException as exc:  # reported below, after every thread has ended
-            errors.append(exc)
-            for barrier in (opened, ready, done):
-                barrier.abort()
-        finally:
-            try:
-                done.wait()
-            except threading.BrokenBarrierError:
-                pass
-            transport.close(linger=1.0)
+    def setup(rank: int, transport) -> None:
+        if rank not in attackers:
+            strategy = STRATEGIES.create("dpsgd", rank=rank, topology=topology,
+                                         transport=transport, options=options)
+            strategies[rank] = strategy
+            # As Peer does: robust mixing takes non-finite models and leaves them out.
+            transport.accept_kinds(strategy.kinds,
+                                   receiver_checks_finite=strategy.checks_own_result)
 
-    threads = [threading.Thread(target=main, args=(rank,), daemon=True) for rank in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(90)
-    assert not any(t.is_alive() for t in threads), "a peer hung"
-    if errors:
-        raise errors[0]
+    def work(rank: int, transport) -> None:
+        if rank in attackers:
+            for round in range(n_rounds):
+                for j in topology.neighbors(rank):
+                    payload = attackers[rank](round, j, data[round]).contiguous()
+                    transport.send(j, message(payload, round, options))
+        else:
+            for round in range(n_rounds):
+                results[round, rank] = strategies[rank].synchronize(
+                    data[round, rank].clone(), round)
+
+    run_on_transports(topology, setup, work)
     return results, strategies
 
 

@@ -62,6 +62,39 @@ def run_in_threads(size: int, fn: Callable[[int], Any], timeout: float = 30.0) -
     return results
 
 
+def run_on_transports(topology: Topology, setup: Callable[[int, ZmqTransport], None],
+                      work: Callable[[int, ZmqTransport], None], *,
+                      timeout: float = 10.0) -> None:
+    """Every rank a thread with its own ZmqTransport: ``setup(rank, transport)`` once every
+    address is bound (no reconnect delay; a strategy made there accepts its kinds before any
+    payload can arrive), then ``work(rank, transport)`` once every rank's setup is done.
+    Transports close only after every rank's work ended. The first error is re-raised, the
+    others' waits broken."""
+    size = topology.size
+    opened, ready = threading.Barrier(size, timeout=20), threading.Barrier(size, timeout=20)
+    done = threading.Barrier(size, timeout=60)
+
+    def main(rank: int) -> None:
+        transport = ZmqTransport.for_topology(rank, topology, timeout=timeout).open()
+        try:
+            opened.wait()
+            setup(rank, transport)
+            ready.wait()
+            work(rank, transport)
+        except BaseException:
+            for barrier in (opened, ready, done):
+                barrier.abort()
+            raise
+        finally:
+            try:
+                done.wait()
+            except threading.BrokenBarrierError:
+                pass
+            transport.close(linger=1.0)
+
+    run_in_threads(size, main, timeout=90)
+
+
 def make_local_topology(kind: str, n: int | None = None, **params) -> Topology:
     """A generated topology (or, for a name like ``irregular-7``, the shipped file
     topologies/NAME.yaml) with every peer on 127.0.0.1 at a currently free port."""

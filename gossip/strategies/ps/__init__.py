@@ -12,19 +12,20 @@ class SyncParameterServer(ParameterServer):
     """Sync mode: the servers average the pushed gradients; every worker steps alike."""
 
     operates_on = "grads"
-    exact_mean = True  # unless backup or participation: see capabilities_for
+    exact_mean = True  # unless backup, participation or robust: see capabilities_for
     preserves_mean = True
 
     @classmethod
     def capabilities_for(cls, options: PSOptions):
         every = options.backup == 0 and options.participation == 1.0
-        return {**super().capabilities_for(options), "exact_mean": every,
-                "preserves_mean": every}
+        return options.gathered_capabilities({**super().capabilities_for(options),
+                                              "exact_mean": every, "preserves_mean": every})
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        every = self.options.backup == 0 and self.options.participation == 1.0
-        self.exact_mean = self.preserves_mean = every
+        held = self.capabilities_for(self.options)
+        self.exact_mean, self.preserves_mean, self.checks_own_result = (
+            held["exact_mean"], held["preserves_mean"], held["checks_own_result"])
 
 
 class AsyncParameterServer(ParameterServer):

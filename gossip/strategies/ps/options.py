@@ -6,15 +6,17 @@ from dataclasses import dataclass
 
 from gossip.errors import ConfigError
 from gossip.options import TaggedOptions, at_least, in_unit_interval, option, positive
+from gossip.strategies.robust import GatheredRobustOptions
 
 MODES = ("sync", "async", "ssp")
 
 
 @dataclass(frozen=True)
-class PSOptions(TaggedOptions, tag="ps"):
+class PSOptions(GatheredRobustOptions, TaggedOptions, tag="ps"):
     """Options of ``ps``."""
 
-    examples = ({"mode": "sync"}, {"mode": "ssp", "staleness": 1})
+    examples = ({"mode": "sync"}, {"mode": "ssp", "staleness": 1},
+                {"mode": "sync", "robust": "centered-clip", "tau": 1.0})
 
     mode: str = option("sync", "sync: servers average pushed gradients in a fixed order; "
                                "async: workers push parameter deltas and pull the model; "
@@ -39,3 +41,10 @@ class PSOptions(TaggedOptions, tag="ps"):
                               f"{self.mode}")
         if self.backup and self.participation != 1.0:
             raise ConfigError("give backup or participation, not both")
+
+    def robust_conflict(self) -> str | None:
+        # async/ssp apply each delta alone, the moment it arrives: no set to aggregate.
+        if self.mode != "sync":
+            return f"a robust aggregate needs the pushes of a step together (mode sync), " \
+                   f"not mode {self.mode}"
+        return None

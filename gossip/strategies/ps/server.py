@@ -26,7 +26,8 @@ class ShardServer:
 
     Sync: the pushes of a step are summed in rank order once the first ``W - backup`` (or
     every participant's) have arrived, and the mean goes to every worker; later pushes of
-    a closed step are dropped. Async: a delta is added at once, scaled by ``scale`` (1/W by
+    a closed step are dropped. With ``robust``, their robust aggregate goes instead (the
+    server keeps the last one: centered-clip starts there). Async: a delta is added at once, scaled by ``scale`` (1/W by
     default), and the current shard is the answer. SSP: as async, but the answer to a push
     of clock c waits until every worker still training has pushed c - staleness times.
     A step that can no longer close because a worker it needs said goodbye without
@@ -49,6 +50,9 @@ class ShardServer:
         self.refused: set[int] = set()  # steps that can never close
         self.heard: set[int] = set()  # workers that pushed or said goodbye
         self.late_pushes = 0  # sync with backup: pushes of steps already closed
+        self.robust = options.gathered()  # sync: a robust aggregate instead of the mean
+        self.last_aggregate: torch.Tensor | None = None  # its state (centered-clip's start)
+        self.flagged = 0  # robust: pushes left out as non-finite, in all
 
     def expected(self, step: int) -> tuple[int, ...]:
         if step == INIT_STEP:
@@ -129,10 +133,15 @@ class ShardServer:
     def _close(self, step: int) -> None:
         pushes = self.steps.pop(step)
         used = sorted(list(pushes)[:self.needed(step)])  # the first arrivals, summed by rank
-        total = pushes[used[0]].clone()
-        for worker in used[1:]:
-            total.add_(pushes[worker])
-        total.div_(len(used))
+        if self.robust is not None:
+            total, flagged = self.robust.aggregate([pushes[w] for w in used],
+                                                   self.last_aggregate)
+            self.last_aggregate, self.flagged = total.clone(), self.flagged + flagged
+        else:
+            total = pushes[used[0]].clone()
+            for worker in used[1:]:
+                total.add_(pushes[worker])
+            total.div_(len(used))
         self.closed_through = max(self.closed_through, step)
         if step == INIT_STEP:
             self.model = total

@@ -333,8 +333,14 @@ class ParameterServer(Strategy):
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"clock": self.clock, "last": self.last}
+        state = {"clock": self.clock, "last": self.last}
+        if self.options.robust is not None:  # each shard's last robust aggregate
+            state["aggregates"] = {tag: shard.last_aggregate
+                                   for tag, shard in self.shards.items()}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.clock = int(state.get("clock", 0))
         self.last = state.get("last")
+        for tag, aggregate in state.get("aggregates", {}).items():
+            self._shard(tag).last_aggregate = aggregate

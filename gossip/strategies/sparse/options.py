@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gossip.options import TaggedOptions, in_unit_interval, option
+from gossip.strategies.robust import GatheredRobustOptions
 
 INDEX_CODINGS = ("compact", "int32")
 RESIDUAL_MODES = ("conserve", "reference")
@@ -26,9 +27,11 @@ class SparseOptions(TaggedOptions, tag="sparse"):
 
 
 @dataclass(frozen=True)
-class TopKAllGatherOptions(SparseOptions, tag="tkag"):
-    """Options of ``topk-allgather``."""
+class TopKAllGatherOptions(GatheredRobustOptions, SparseOptions, tag="tkag"):
+    """Options of ``topk-allgather``: each peer holds all P sets, so it may aggregate them
+    robustly (a set's missing entries are zeros of that peer's vector)."""
 
+    examples = SparseOptions.examples + ({"density": 0.3, "robust": "median"},)
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,39 @@ from gossip.strategies.sparse.wire import encode_block, pack, unpack
 
 
 class TopKAllGather(SparseStrategy):
-    """Every peer's top-k of x + residual all-gathered and summed: the sparse baseline."""
+    """Every peer's top-k of x + residual all-gathered and summed: the sparse baseline.
+
+    With ``robust``, each peer aggregates the P sets as whole vectors (zeros where a set has
+    no entry) robustly instead (gossip/strategies/robust.py), in rank order, from the same
+    last aggregate: every peer still gets the same result. A residual keeps its meaning
+    (what its peer did not send); only the sum over peers is no longer conserved.
+    """
 
     options_class = TopKAllGatherOptions
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.robust = self.options.gathered()
+        self.checks_own_result = self.capabilities_for(self.options)["checks_own_result"]
+        self.last_aggregate: torch.Tensor | None = None  # robust: centered-clip's start
+        self.flagged = 0  # robust: sets left out as non-finite in the latest round
+
+    @classmethod
+    def capabilities_for(cls, options):
+        return options.gathered_capabilities(super().capabilities_for(options))
+
+    def record_fields(self, round):
+        return {} if self.robust is None else {"robust_flagged": self.flagged}
+
+    def state_dict(self):
+        state = super().state_dict()
+        if self.robust is not None:
+            state["aggregate"] = self.last_aggregate
+        return state
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.last_aggregate = state.get("aggregate")
 
     @classmethod
     def traffic(cls, rank, size, numel, dtype, options):
@@ -43,6 +73,7 @@ class TopKAllGather(SparseStrategy):
         with timings("reduce"):
             dest.zero_()
         total = dest.numpy()
+        gathered = []  # robust: each peer's set as a whole vector
         # Rank order on every peer: the same additions in the same order, identical results.
         for src in range(self.size):
             if src == self.rank:
@@ -53,5 +84,14 @@ class TopKAllGather(SparseStrategy):
                     (block,) = unpack(reply, rank=self.rank, n=n, step=0, blocks=[0], length=n,
                                       limit=k, dtype=dest.dtype)
             with timings("reduce"):
-                # Divided per set: no second pass over the whole tensor.
-                total[block.idx] += block.val / self.size  # distinct indices within a set
+                if self.robust is not None:
+                    vector = torch.zeros_like(dest)
+                    vector.numpy()[block.idx] = block.val
+                    gathered.append(vector)
+                else:  # divided per set: no second pass over the whole tensor
+                    total[block.idx] += block.val / self.size  # distinct indices in a set
+        if self.robust is not None:
+            with timings("reduce"):
+                aggregate, flagged = self.robust.aggregate(gathered, self.last_aggregate)
+                dest.copy_(aggregate)
+                self.last_aggregate, self.flagged = aggregate, flagged
