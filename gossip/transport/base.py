@@ -220,20 +220,17 @@ class Transport(ABC):
         kept = self.inbox.take(src, kind, round)
         if kept is not None:
             return kept
-        clock = self.clock
-        limit = self.timeout if timeout is None else timeout
-        deadline = clock.monotonic() + limit
-        rejected_before = self.stats.messages_rejected
-        lockstep = src is not None and timeout is None
-        if lockstep:
+        if src is not None and timeout is None:  # lockstep: waits on while src is alive
             self.waits.begin(src)
         try:
-            return self._wait(src, kind, round, limit, deadline, rejected_before, lockstep)
+            return self._wait(src, kind, round, self.timeout if timeout is None else timeout)
         finally:
             self.waits.end()
 
-    def _wait(self, src, kind, round, limit, deadline, rejected_before, lockstep) -> Message:
+    def _wait(self, src, kind, round, limit: float) -> Message:
         clock, waits = self.clock, self.waits
+        deadline = clock.monotonic() + limit
+        rejected_before = self.stats.messages_rejected
         while True:
             self.membership.check(src, kind, round)
             if waits.cycle is not None:
@@ -251,7 +248,7 @@ class Transport(ABC):
             if frames is None and deadline > clock.monotonic():
                 continue  # woken early: a peer was declared dead
             if frames is None:
-                if (lockstep and self.alive(src)  # busy, not dead: wait on, ask for cycles
+                if (waits.on is not None and self.alive(src)  # busy, not dead: ask for cycles
                         and self.stats.messages_rejected == rejected_before):
                     if waits.probe():
                         log.info("rank %d: waiting beyond %g s for %s, which is alive (busy)",
