@@ -19,6 +19,7 @@ import torch
 from gossip.model_vector import ModelVector, reset_optimizer_state
 from gossip.overlap import FlatGrads, FlatParams, Overlap
 from gossip.overlap.flat import FlatCache
+from gossip.same_start import check_same_start, needs_check
 
 
 class Stepper(Protocol):
@@ -69,6 +70,7 @@ class LocalStep:
     def __init__(self, peer):
         self.peer = peer
         self.flats = FlatCache()
+        self.started = False  # the same-start check ran (or was not needed)
 
     def attach(self, model: torch.nn.Module, *, bucket_mb: float,
                first_bucket_mb: float) -> Overlap:
@@ -102,6 +104,11 @@ class LocalStep:
         minibatches = 1 if minibatches is None else minibatches
         peer = self.peer
         params = [p for p in model.parameters() if p.requires_grad]
+        if not self.started:
+            self.started = True
+            if needs_check(peer):
+                with peer.communicating():
+                    check_same_start(peer, params)
         plan = peer.strategy.round_plan(peer.round)
         if plan.operates_on == "grads":
             flat = self.flats.get(model, params, FlatGrads)

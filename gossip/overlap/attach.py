@@ -19,6 +19,7 @@ from gossip.overlap.combine import CombineThenAdapt
 from gossip.overlap.flat import FlatGrads, FlatLayout, FlatParams
 from gossip.overlap.gradients import GradientOverlap
 from gossip.overlap.worker import CommThread
+from gossip.same_start import check_same_start, needs_check
 from gossip.strategies.base import bucket_tag
 
 log = logging.getLogger("gossip.overlap")
@@ -49,6 +50,9 @@ class Overlap:
             raise ConfigError("overlap: the model has floating-point buffers (e.g. BatchNorm "
                               "running statistics), which combine-then-adapt would not mix "
                               "with the parameters: train it without overlap")
+        if needs_check(peer):  # before anything else is sent
+            with peer.communicating():
+                check_same_start(peer, params)
         try:
             layout = FlatLayout(params)
         except ValueError as exc:
