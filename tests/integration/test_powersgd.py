@@ -16,7 +16,7 @@ from gossip import matrix
 from gossip.errors import ConfigError
 from gossip.strategies import STRATEGIES
 from gossip.strategies.ring.lowrank import blocks, first_factor
-from support import peer_once_all_bound
+from support import peer_once_all_bound, run_in_threads
 
 # A conv kernel (viewed 6 x 27), a bias, a linear layer, its bias, a small matrix: 307
 # elements, which neither 3 nor 5 divides.
@@ -47,7 +47,6 @@ def rounds(topology, data: torch.Tensor, *, shapes=SHAPES, strategy="powersgd",
                 results[r, rank] = peer.synchronize(x, r, out=x)
             states[rank], stats[rank] = peer.strategy.state_dict(), peer.stats
 
-    from support import run_in_threads
     run_in_threads(size, main, timeout=6 * TIMEOUT)
     return results, states, stats
 
@@ -209,13 +208,16 @@ def test_peer_step_tells_the_layout_and_every_model_stays_identical(overlap, loc
     x, y = torch.randn(size, 16, 1, 6, 6, generator=g), torch.randint(0, 3, (size, 16),
                                                                        generator=g)
     losses, params, layouts = [[] for _ in range(size)], [None] * size, [None] * size
+    topology = local_topology("ring", size)
     bound = threading.Barrier(size, timeout=TIMEOUT)
+    torch.manual_seed(1)  # here, once: threads seeding the global generator would race
+    init = Net().state_dict()
 
     def main(rank: int) -> None:
-        torch.manual_seed(1)
         model = Net()
+        model.load_state_dict(init)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with peer_once_all_bound(rank, local_topology_, "powersgd", bound, timeout=TIMEOUT,
+        with peer_once_all_bound(rank, topology, "powersgd", bound, timeout=TIMEOUT,
                                  start_iter=1, matrix_rank=2) as peer:
             if overlap:  # 4 KiB buckets: several, each with its own layout
                 peer.attach(model, bucket_mb=4 / 1024, first_bucket_mb=4 / 1024)
@@ -228,8 +230,6 @@ def test_peer_step_tells_the_layout_and_every_model_stays_identical(overlap, loc
             params[rank] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             layouts[rank] = peer.strategy.shapes
 
-    local_topology_ = local_topology("ring", size)
-    from support import run_in_threads
     run_in_threads(size, main, timeout=6 * TIMEOUT)
     assert all(torch.equal(p, params[0]) for p in params)
     shapes = [tuple(p.shape) for p in Net().parameters()]
@@ -255,3 +255,56 @@ def test_refusals_are_one_line():
     with pytest.raises(ConfigError, match="layout's tensors hold 6 elements, the vector 7"):
         blocks([(2, 3)], 7, rank=1, min_compression_rate=2.0)
     assert matrix.cell(matrix.Row("powersgd", {}), matrix.feature("overlap")) is None
+
+
+@pytest.mark.parametrize("rank", [1, 3])  # Gram-Schmidt, QR
+def test_zero_and_fp16_gradients_stay_finite(rank, local_topology):
+    """A zero matrix gives zero, not NaN (a zero column in Gram-Schmidt); fp16 values
+    whose squares overflow fp16 are orthogonalized in fp32."""
+    shapes = [(12, 20)]
+    zero = torch.zeros(1, 1, 240, dtype=torch.float64)
+    results, _, _ = rounds(local_topology("ring", 1), zero, shapes=shapes, start_iter=0,
+                           matrix_rank=rank)
+    assert torch.equal(results, zero)
+    g = torch.Generator().manual_seed(9)
+    big = 1000 * torch.randn(1, 1, 240, generator=g)
+    half, _, _ = rounds(local_topology("ring", 1), big.half(), shapes=shapes, start_iter=0,
+                        matrix_rank=rank)
+    full, _, _ = rounds(local_topology("ring", 1), big, shapes=shapes, start_iter=0,
+                        matrix_rank=rank)
+    assert torch.isfinite(half).all()
+    torch.testing.assert_close(half.float(), full, rtol=0.02, atol=0.02 * full.abs().max())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_gradients_are_staged_and_every_model_stays_identical(local_topology):
+    size = 3
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(size, 16, 1, 6, 6, generator=g), torch.randint(0, 3, (size, 16),
+                                                                       generator=g)
+    params, losses = [None] * size, [[] for _ in range(size)]
+    topology = local_topology("ring", size)
+    bound = threading.Barrier(size, timeout=TIMEOUT)
+    torch.manual_seed(1)
+    init = Net().state_dict()
+
+    def main(rank: int) -> None:
+        model = Net()
+        model.load_state_dict(init)
+        model.cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with peer_once_all_bound(rank, topology, "powersgd", bound, timeout=TIMEOUT,
+                                 start_iter=1, matrix_rank=2) as peer:
+            for _ in range(5):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x[rank].cuda()),
+                                                         y[rank].cuda())
+                loss.backward()
+                peer.step(model, opt)
+                losses[rank].append(loss.item())
+            params[rank] = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+            assert peer.strategy.shapes == tuple(tuple(p.shape) for p in model.parameters())
+
+    run_in_threads(size, main, timeout=6 * TIMEOUT)
+    assert all(torch.equal(p, params[0]) for p in params)
+    assert losses[0][-1] < losses[0][0]
