@@ -75,25 +75,25 @@ class PowerSGD(Strategy):
         # Everything read from x is read before dest (which may alias it) is written.
         grads = {i: self._with_residual(i, flat, b) for i, b in low}
         ps = torch.empty(sum(b.rows * b.rank for _, b in low), dtype=flat.dtype)
-        for (i, b), p in zip(low, _split(ps, [(b.rows, b.rank) for _, b in low])):
+        p_views = _split(ps, [(b.rows, b.rank) for _, b in low])
+        for (i, b), p in zip(low, p_views):
             torch.matmul(grads[i], orthogonalize(self._factor(i, b, step, flat.dtype)), out=p)
         self.p_ring.synchronize(ps, round, out=ps)
         qs = torch.empty(sum(b.cols * b.rank for _, b in low)
                          + sum(b.stop - b.start for b in dense), dtype=flat.dtype)
-        q_views = _split(qs, [(b.cols, b.rank) for _, b in low])
-        d_views = _split(qs[sum(q.numel() for q in q_views):], [(b.stop - b.start,)
-                                                                for b in dense])
-        bases = []
-        for (i, b), p, q in zip(low, _split(ps, [(b.rows, b.rank) for _, b in low]), q_views):
-            bases.append(orthogonalize(p))
-            torch.matmul(grads[i].T, bases[-1], out=q)
+        views = _split(qs, [(b.cols, b.rank) for _, b in low]
+                       + [(b.stop - b.start,) for b in dense])
+        q_views, d_views = views[:len(low)], views[len(low):]
+        bases = [orthogonalize(p) for p in p_views]
+        for (i, _), p, q in zip(low, bases, q_views):
+            torch.matmul(grads[i].T, p, out=q)
         for b, d in zip(dense, d_views):
             d.copy_(flat[b.start:b.stop])
         self.q_ring.synchronize(qs, round, out=qs)
         for (i, b), p, q in zip(low, bases, q_views):
             approx = dest[b.start:b.stop].view(b.rows, b.cols)
             torch.matmul(p, q.T, out=approx)
-            self.errors[i] = grads[i].sub_(approx)
+            self.errors[i] = grads[i].sub_(approx)  # against the M^ every peer holds
             self.factors[i] = q.clone()
         for b, d in zip(dense, d_views):
             dest[b.start:b.stop].copy_(d)
@@ -103,7 +103,8 @@ class PowerSGD(Strategy):
         """This round's matrix ``i`` plus what earlier rounds did not send (a new tensor)."""
         m = flat[b.start:b.stop].view(b.rows, b.cols)
         e = self.errors.get(i)
-        return m.clone() if e is None or e.shape != m.shape else m + e
+        fits = e is not None and e.shape == m.shape and e.dtype == m.dtype
+        return m + e if fits else m.clone()
 
     def _factor(self, i: int, b: Block, step: int, dtype: torch.dtype) -> torch.Tensor:
         """The Q the power step starts from: the last round's (warm start) or a fresh one."""
