@@ -242,9 +242,10 @@ def test_peer_step_tells_the_layout_and_every_model_stays_identical(overlap, loc
 
 
 def test_refusals_are_one_line():
-    for name in ("spardl", "gtopk", "topk-allgather"):
-        with pytest.raises(ConfigError, match="takes no compressor") as caught:
-            STRATEGIES.options(name, {"compressor": "powersgd"})
+    for name in ("spardl", "gtopk", "topk-allgather", "ring-allreduce", "dpsgd"):
+        with pytest.raises(ConfigError, match="'powersgd' is a strategy, not a compressor "
+                                              r"\(e.g. --strategy powersgd\)") as caught:
+            STRATEGIES.options(name, {"compressor": "powersgd", "density": 0.1})
         assert "\n" not in str(caught.value)
     for wrapper in ("local", "nonblocking"):
         with pytest.raises(ConfigError, match="not exactly") as caught:
