@@ -112,6 +112,7 @@ class LocalStep:
         plan = peer.strategy.round_plan(peer.round)
         if plan.operates_on == "grads":
             flat = self.flats.get(model, params, FlatGrads)
+            peer.strategy.use_layout([p.shape for p in params])
             with peer.communicating():  # gathering and copying back are ours too
                 total = flat.bind()
                 flat.store(peer.on_host(total, lambda x, out: peer.strategy.average_gradients(

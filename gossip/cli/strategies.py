@@ -39,7 +39,8 @@ def strategies(as_json, matrix):
 @fail_cleanly
 def compressors(as_json):
     """Every compressor and its options, then the wrappers' options (error feedback,
-    momentum, clipping, warm-up); give them as strategy options with compressor=NAME."""
+    momentum, clipping, warm-up); give them as strategy options with compressor=NAME.
+    Low-rank compression (PowerSGD) is the strategy powersgd."""
     from gossip.compress.catalog import describe
 
     _print(describe(), as_json)

@@ -65,6 +65,8 @@ class Overlap:
                                        bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb)
                 strategies = [strategy] + [peer.add_strategy(_retagged(peer.builder, b.index))
                                            for b in buckets[1:]]
+                for one, bucket in zip(strategies, buckets):
+                    one.use_layout([params[i].shape for i in sorted(bucket.indices)])
                 if peer.send_delay:  # an emulated slow sender is slow in every bucket
                     peer.transport.delay_sends(peer.send_delay,
                                                [k for s in strategies for k in s.kinds])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -155,6 +155,12 @@ class Strategy(ABC):
         The result goes to ``out`` if given (which may be ``x`` itself: in place), else to a
         new tensor. ``x`` may be modified again as soon as this returns.
         """
+
+    def use_layout(self, shapes: Sequence[Sequence[int]]) -> None:
+        """From now on ``synchronize`` gets tensors of these shapes, flattened and
+        concatenated in order (``Peer.step`` says so for a model's gradients, overlap for
+        each bucket's). Ignored by default; a strategy that compresses weight matrices by
+        shape (powersgd) keeps it."""
 
     # -- a training round, as the training loop runs it (defaults: blocking SGD) ----------
     def round_plan(self, round: int) -> RoundPlan:

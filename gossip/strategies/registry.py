@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gossip.compress import Compressor, WrapperOptions, build, compressor_options
+from gossip.compress import COMPRESSORS, Compressor, WrapperOptions, build, compressor_options
 from gossip.errors import ConfigError
 from gossip.options import Options
 from gossip.registry import Registry, summary
@@ -106,6 +106,11 @@ class StrategyRegistry(Registry):
             ConfigError: an unknown strategy or option, or a value that is not allowed,
                 naming it and what is allowed.
         """
+        compressor = given.get("compressor") if isinstance(given, Mapping) else None
+        if isinstance(compressor, str) and compressor in self and compressor not in COMPRESSORS:
+            raise ConfigError(f"strategy {name!r}: {compressor!r} is a strategy, not a "
+                              f"compressor (e.g. --strategy {compressor}); compressors: "
+                              f"{', '.join(COMPRESSORS.names())}")
         return parse_options(self.entry(name).options, given, strategy=name)
 
     def strategy_class(self, name: str, options: Options | Mapping[str, Any] | None = None):

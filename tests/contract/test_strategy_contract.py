@@ -243,6 +243,9 @@ def test_overlapped_buckets_at_odd_peers(name, options, size, local_topology, ru
             per_bucket = [peer.strategy] + [
                 peer.add_strategy(name, **{**options, "tag": f"{tag}.b{b.index}"})
                 for b in plan[1:]]
+            shapes = [p.shape for p in _mlp().parameters()]
+            for b, strategy in zip(plan, per_bucket):  # what overlap tells each bucket's
+                strategy.use_layout([shapes[i] for i in sorted(b.indices)])
             for step in range(steps):
                 for b, strategy in zip(plan, per_bucket):
                     x = local[step, rank, b.start:b.stop].clone()

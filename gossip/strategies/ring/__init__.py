@@ -1,13 +1,15 @@
-"""Ring all-reduce: the exact bandwidth-optimal ring (exact.py) and its compressed forms
-(compressed.py), sharing the ring's layout (layout.py)."""
+"""Ring all-reduce: the exact bandwidth-optimal ring (exact.py), its compressed forms
+(compressed.py), sharing the ring's layout (layout.py), and PowerSGD (powersgd.py), whose
+low-rank factors two exact rings average."""
 
 from gossip.strategies.base import STRATEGIES
 from gossip.strategies.ring.compressed import CompressedRingAllReduce, SharedRandomKRingAllReduce
 from gossip.strategies.ring.exact import RingAllReduce
-from gossip.strategies.ring.options import RingOptions
+from gossip.strategies.ring.options import PowerSGDOptions, RingOptions
+from gossip.strategies.ring.powersgd import PowerSGD
 
-__all__ = ["CompressedRingAllReduce", "RingAllReduce", "RingOptions",
-           "SharedRandomKRingAllReduce"]
+__all__ = ["CompressedRingAllReduce", "PowerSGD", "PowerSGDOptions", "RingAllReduce",
+           "RingOptions", "SharedRandomKRingAllReduce"]
 
 
 @STRATEGIES.register("ring-allreduce", options=RingOptions)
@@ -18,3 +20,6 @@ def ring_allreduce(options: RingOptions) -> type:
     if options.compressor.shared_support:
         return SharedRandomKRingAllReduce
     return CompressedRingAllReduce
+
+
+STRATEGIES.register("powersgd")(PowerSGD)

@@ -32,3 +32,22 @@ class RingOptions(TaggedOptions, tag="ring", kinds=("rs", "ag")):
                 f"ring-allreduce cannot carry the sparsifier {c.name!r}: its sparse sets "
                 f"differ between peers and grow as they are summed around the ring; use "
                 f"topk-allgather, gtopk or spardl (option density=...) for sparse all-reduce")
+
+
+@dataclass(frozen=True)
+class PowerSGDOptions(TaggedOptions, tag="powersgd", kinds=("p.rs", "p.ag", "q.rs", "q.ag")):
+    """Options of ``powersgd``; its two exact rings are tagged ``TAG.p`` and ``TAG.q``."""
+
+    examples = ({}, {"matrix_rank": 2, "start_iter": 0, "min_compression_rate": 0.0,
+                     "warm_start": False, "seed": 3})
+
+    # Not ``rank``: that names the peer (``Peer(rank, ..., **options)``).
+    matrix_rank: int = option(1, "rank r of each weight matrix's factors P (n x r) and Q "
+                                 "(m x r)", check=at_least(1))
+    start_iter: int = option(10, "rounds of warm-up that send the plain ring mean first "
+                                 "(about 10% of the steps)", check=at_least(0))
+    min_compression_rate: float = option(2.0, "compress an n x m matrix only if this times "
+                                              "r(n+m) < nm (0: every matrix)",
+                                         check=at_least(0))
+    warm_start: bool = option(True, "start each round's power step from the last round's Q")
+    seed: int = option(0, "seed of each fresh Q, the same on every peer")
