@@ -176,7 +176,7 @@ def test_training_keeps_g_and_momentum_equal_and_adam_state_per_peer(size, local
 
 def test_one_all_reduce_per_period_and_a_fragment_per_period_over_k(local_topology):
     """Bytes only in averaging rounds: one ring all-reduce of the vector per period H, and
-    with K fragments one of ceil(n/K) elements every H/K rounds."""
+    with K fragments one of a K-th of them every H/K rounds, in turn."""
     topology = local_topology("ring", 3)
     numel = sum(p.numel() for p in _mlp().parameters())  # 31
 
@@ -192,17 +192,17 @@ def test_one_all_reduce_per_period_and_a_fragment_per_period_over_k(local_topolo
         run_in_threads(3, main, timeout=3 * TIMEOUT)
         return sent
 
-    whole, half = ring_bytes(numel), ring_bytes(-(-numel // 2))
+    whole, first, second = ring_bytes(numel), ring_bytes(numel // 2), ring_bytes(numel - numel // 2)
     seen = _train(topology, 8, model_fn=_mlp, period=4, **DILOCO)
     streamed = _train(topology, 8, model_fn=_mlp, period=4, fragments=2, **DILOCO)
     for rank in range(3):
         assert [row[rank]["sent"] for row in seen] == [0, 0, 0, whole[rank]] * 2
-        assert [row[rank]["sent"] for row in streamed] == [0, half[rank]] * 4
+        assert [row[rank]["sent"] for row in streamed] == [0, first[rank], 0, second[rank]] * 2
 
 
 def test_streaming_averages_each_fragment_in_turn_as_diloco_on_it(local_topology):
-    """K = 2, H = 2, P = 3 on vectors of 5: round 0 averages the slice [0, 3) (plainly:
-    G starts), round 1 the slice [3, 5), round 2 steps G on [0, 3) by the mean
+    """K = 2, H = 2, P = 3 on vectors of 5: round 0 averages the slice [0, 2) (plainly:
+    G starts), round 1 the slice [2, 5), round 2 steps G on [0, 2) by the mean
     pseudo-gradient; the other slice stays each peer's own. K = 1 is DiLoCo."""
     topology = local_topology("ring", 3)
     inputs = [[torch.arange(5, dtype=torch.float64) * (r + 1) + i for r in range(3)]
@@ -210,13 +210,13 @@ def test_streaming_averages_each_fragment_in_turn_as_diloco_on_it(local_topology
     results, _ = _synchronize(topology, inputs, period=2, fragments=2, **DILOCO)
     mean = [torch.stack(row).mean(0) for row in inputs]
     for r in range(3):
-        torch.testing.assert_close(results[0][r][:3], mean[0][:3])
-        assert torch.equal(results[0][r][3:], inputs[0][r][3:])
-        torch.testing.assert_close(results[1][r][3:], mean[1][3:])
-        assert torch.equal(results[1][r][:3], inputs[1][r][:3])
-        g, _ = _nesterov(mean[0][:3], mean[0][:3] - mean[2][:3], torch.zeros(3))
-        torch.testing.assert_close(results[2][r][:3], g)
-        assert torch.equal(results[2][r][3:], inputs[2][r][3:])
+        torch.testing.assert_close(results[0][r][:2], mean[0][:2])
+        assert torch.equal(results[0][r][2:], inputs[0][r][2:])
+        torch.testing.assert_close(results[1][r][2:], mean[1][2:])
+        assert torch.equal(results[1][r][:2], inputs[1][r][:2])
+        g, _ = _nesterov(mean[0][:2], mean[0][:2] - mean[2][:2], torch.zeros(2))
+        torch.testing.assert_close(results[2][r][:2], g)
+        assert torch.equal(results[2][r][2:], inputs[2][r][2:])
     one, _ = _synchronize(topology, inputs, period=1, fragments=1, **DILOCO)
     diloco, _ = _synchronize(topology, inputs, period=1, **DILOCO)
     assert all(torch.equal(a, b) for x, y in zip(one, diloco) for a, b in zip(x, y))
@@ -275,3 +275,19 @@ def test_refusals_are_one_line(options, match):
     with pytest.raises(ConfigError, match=match) as info:
         STRATEGIES.options("local", options)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_a_parameter_server_inner_gives_the_ring_s_outer_steps(fragments, local_topology):
+    """ps (sync) returns the exact mean too, and takes the fragments' lengths in turn."""
+    topology = local_topology("ring", 3)
+    inputs = [[torch.arange(7, dtype=torch.float64) * (r + 1) - i * r for r in range(3)]
+              for i in range(6)]
+    ring, _ = _synchronize(topology, inputs, period=2, fragments=fragments, **DILOCO)
+    ps, _ = _synchronize(topology, inputs, inner="ps", period=2, fragments=fragments,
+                         **DILOCO)
+    for i in range(6):
+        for r in range(3):
+            torch.testing.assert_close(ps[i][r], ring[i][r])
+            if fragments == 1 and i % 2:  # an average of the whole vector
+                assert torch.equal(ps[i][r], ps[i][0])

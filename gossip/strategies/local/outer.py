@@ -14,9 +14,8 @@ optimizer's state stays with each peer.
 * Only the trainable parameters (the first ``parameters`` elements of a model's vector) take
   the outer step; the float buffers after them (BatchNorm's running statistics) are averaged
   plainly in the same message: an extrapolating step could push a running variance below 0.
-* Streaming: the vector is cut into K contiguous slices of one length (the last padded with
-  zeros, so an inner whose length must not change, ps, takes them); average number s
-  (counted from the rounds, so the same on every peer) syncs slice s mod K. The vector is
+* Streaming: the vector is cut into K contiguous slices (lengths differ by one at most);
+  average number s (counted from the rounds, so the same on every peer) syncs slice s mod K. The vector is
   flat, with no layer layout, hence contiguous slices rather than the paper's strided layers;
   the early start of a slice's exchange (tau) is not done.
 """
@@ -46,12 +45,10 @@ class OuterSGD:
         self.velocity: torch.Tensor | None = None  # the momentum buffer
         self.started = [False] * fragments
 
-    def slice(self, fragment: int, numel: int) -> tuple[int, int, int]:
-        """Fragment ``fragment``'s bounds ``(lo, hi)`` in a vector of ``numel`` elements and
-        the length every fragment is sent at."""
-        length = -(-numel // self.fragments)
-        lo = min(fragment * length, numel)
-        return lo, min(lo + length, numel), length
+    def slice(self, fragment: int, numel: int) -> tuple[int, int]:
+        """Fragment ``fragment``'s bounds ``(lo, hi)`` in a vector of ``numel`` elements
+        (lengths differ by one at most, so peers of different lengths differ in one)."""
+        return fragment * numel // self.fragments, (fragment + 1) * numel // self.fragments
 
     def average(self, x: torch.Tensor, fragment: int, parameters: int,
                 mean: Callable[[torch.Tensor], torch.Tensor], dest: torch.Tensor) -> None:
@@ -59,11 +56,11 @@ class OuterSGD:
         ``x``) through ``mean`` (the inner strategy's exact mean, in place), stepping G on its
         first ``parameters`` elements; the rest of ``dest`` is ``x``."""
         self._fit(x, parameters)
-        lo, hi, length = self.slice(fragment, x.numel())
+        lo, hi = self.slice(fragment, x.numel())
         cut = max(lo, min(hi, parameters))  # [lo, cut): parameters, [cut, hi): buffers
         g = self.global_model[lo:cut]
         started = self.started[fragment]
-        wire = torch.zeros(length, dtype=self.global_model.dtype)
+        wire = torch.empty(hi - lo, dtype=self.global_model.dtype)
         if started:
             torch.sub(g, x[lo:cut], out=wire[:cut - lo])  # pseudo-gradient: global - local
         else:
