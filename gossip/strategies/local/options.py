@@ -45,6 +45,8 @@ class LocalOptions(TaggedOptions, tag="local"):
     examples = ({"period": 2}, {"inner": "dpsgd", "period": 2, "warmup_rounds": 1},
                 {"period": 2, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
                  "fragments": 2})
+    # DiLoCo, averaging every step so that the matrix's two rounds take an outer step
+    variants = ({"period": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True},)
 
     inner: str = option(EXACT_MEAN, "the strategy that averages the parameters every period: "
                                     "ring-allreduce (exact), dpsgd or matcha (decentralized), "
