@@ -12,7 +12,7 @@ from gossip.errors import ConfigError
 from gossip.peer import Peer
 from gossip.strategies import STRATEGIES
 from gossip.transport import LoopbackHub
-from support import run_in_threads, run_training_steps
+from support import BatchNormNet, run_in_threads, run_training_steps
 
 TIMEOUT = 10.0
 DILOCO = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
@@ -222,21 +222,12 @@ def test_streaming_averages_each_fragment_in_turn_as_diloco_on_it(local_topology
     assert all(torch.equal(a, b) for x, y in zip(one, diloco) for a, b in zip(x, y))
 
 
-class BatchNormNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 3)
-        self.norm = torch.nn.BatchNorm1d(3)
-
-    def forward(self, x):
-        return self.norm(self.layer(x))
-
-
 def test_batchnorm_buffers_are_averaged_not_stepped(local_topology):
     """The running statistics are not in the pseudo-gradient: after an average they are the
     peers' plain mean, while the parameters are G after its outer step (G holds no
     buffers)."""
-    seen = _train(local_topology("ring", 3), 4, model_fn=BatchNormNet, period=2, **DILOCO)
+    seen = _train(local_topology("ring", 3), 4, model_fn=lambda: BatchNormNet(4, 3), period=2,
+                  **DILOCO)
     for i in (1, 3):
         for one in seen[i]:
             for k, buffer in enumerate(one["buffers"]):
@@ -245,7 +236,7 @@ def test_batchnorm_buffers_are_averaged_not_stepped(local_topology):
                 assert torch.equal(buffer, seen[i][0]["buffers"][k])
             assert torch.equal(one["params"], one["state"]["outer"]["global_model"])
     assert seen[3][0]["state"]["outer"]["velocity"].abs().sum() > 0  # it stepped
-    parameters = sum(p.numel() for p in BatchNormNet().parameters())
+    parameters = sum(p.numel() for p in BatchNormNet(4, 3).parameters())
     assert seen[3][0]["state"]["outer"]["global_model"].numel() == parameters
 
 

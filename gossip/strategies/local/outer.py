@@ -15,9 +15,9 @@ optimizer's state stays with each peer.
   the outer step; the float buffers after them (BatchNorm's running statistics) are averaged
   plainly in the same message: an extrapolating step could push a running variance below 0.
 * Streaming: the vector is cut into K contiguous slices (lengths differ by one at most);
-  average number s (counted from the rounds, so the same on every peer) syncs slice s mod K. The vector is
-  flat, with no layer layout, hence contiguous slices rather than the paper's strided layers;
-  the early start of a slice's exchange (tau) is not done.
+  average number s (counted from the rounds, so the same on every peer) syncs slice s mod
+  K. The vector is flat, with no layer layout, hence contiguous slices rather than the
+  paper's strided layers; the early start of a slice's exchange (tau) is not done.
 """
 
 from __future__ import annotations
