@@ -126,8 +126,11 @@ def _train(topology, rounds: int, *, model_fn, **options):
     seen = [[None] * size for _ in range(rounds)]
 
     def main(rank: int) -> None:
-        torch.manual_seed(0)
-        model = model_fn()
+        model = model_fn()  # from one generator of its own: threads share torch's
+        init = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=init))
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         data = torch.Generator().manual_seed(10 + rank)
         with Peer(rank, topology, "local", transport=hub.transport(rank, timeout=TIMEOUT),
