@@ -33,7 +33,8 @@ from gossip.strategies.local.outer import OuterSGD
 @STRATEGIES.register("local")
 class Local(Strategy):
     """Local SGD: H local steps, then the inner strategy averages the parameters (optionally
-    a gradient warm-up before and group averages in between); nothing is sent in between."""
+    a gradient warm-up before, group averages in between, DiLoCo's outer step on the
+    average, streamed in fragments); nothing is sent in between."""
 
     options_class = LocalOptions
     operates_on = "params"
