@@ -128,11 +128,15 @@ def capabilities(strategy, options: Mapping[str, Any] | None = None) -> dict[str
 
 
 def label(strategy, options: Mapping[str, Any] | None = None) -> str:
-    """How the table names a strategy: ``local[dpsgd]`` for a wrapper and its inner."""
+    """How the table names a strategy: ``local[dpsgd]`` for a wrapper and its inner, then
+    a wrapper's own options if any (a variant's)."""
     if not isinstance(strategy, str):
         return getattr(strategy, "__name__", "factory")
     inner = wrapped(strategy, options) if options else None  # defaults: the name alone
-    return strategy if inner is None else f"{strategy}[{label(inner.inner, inner.inner_options)}]"
+    if inner is None:
+        return strategy
+    own = "".join(f" {key}={value}" for key, value in inner.own.items())
+    return f"{strategy}[{label(inner.inner, inner.inner_options)}]{own}"
 
 
 def check(strategy, options: Mapping[str, Any] | None, modes: Iterable[str]) -> None:
@@ -197,15 +201,29 @@ class Row:
 
 
 def rows() -> list[Row]:
-    """Every registered strategy with its default options, then each wrapper with each
-    inner strategy it accepts (with the inner's defaults)."""
+    """Every registered strategy with its default options and its ``variants``, then each
+    wrapper with each inner strategy it accepts (with the inner's defaults), by default
+    and in each variant that takes that inner."""
     plain = [Row(name, {}) for name in STRATEGIES.names()]
-    inside = []
+    inside = [Row(name, dict(variant)) for name in STRATEGIES.names()
+              if not STRATEGIES.strategy_class(name).wraps
+              for variant in STRATEGIES.entry(name).options.variants]
     for wrapper in wrappers():
-        for row in plain:
-            if wrapper.needs(capabilities(row.strategy)) is None:  # itself: never
-                inside.append(Row(wrapper.wrapper, {"inner": row.strategy}))
+        accepted = [row.strategy for row in plain
+                    if wrapper.needs(capabilities(row.strategy)) is None]  # itself: never
+        inside += [Row(wrapper.wrapper, {"inner": inner}) for inner in accepted]
+        for variant in STRATEGIES.entry(wrapper.wrapper).options.variants:
+            inside += [Row(wrapper.wrapper, {"inner": inner, **variant}) for inner in accepted
+                       if _valid(wrapper.wrapper, {"inner": inner, **variant})]
     return plain + inside
+
+
+def _valid(strategy: str, options: Mapping[str, Any]) -> bool:
+    try:
+        STRATEGIES.options(strategy, options)
+    except ConfigError:
+        return False
+    return True
 
 
 def cell(row: Row, column: Feature) -> str | None:

@@ -29,6 +29,8 @@ class ModelVector:
         params = [p for p in model.parameters() if p.requires_grad]
         buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.tensors = [p.data for p in params] + [b.data for b in buffers]
+        #: How many elements at the front of the vector are trainable parameters.
+        self.parameters = sum(p.numel() for p in params)
         if momentum:
             self.tensors += [momentum_buffer(optimizer, p) for p in params]
 

@@ -62,6 +62,10 @@ class Options:
     #: Representative option sets (a strategy's may name a compressor and its options): the
     #: contract suite runs each strategy's, tests/unit/test_compress_options.py each compressor's.
     examples: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
+    #: Option sets that switch on a mode the defaults leave off (local's outer optimizer):
+    #: the compatibility matrix (gossip/matrix.py) gives each a row of its own (a
+    #: wrapper's: one with each inner strategy it takes).
+    variants: ClassVar[tuple[Mapping[str, Any], ...]] = ()
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))

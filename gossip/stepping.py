@@ -137,7 +137,9 @@ class LocalStep:
         with torch.no_grad(), peer.communicating():
             if average_momentum or any(b.is_floating_point() for b in model.buffers()):
                 vector = ModelVector(model, optimizer, momentum=average_momentum)
-                vector.assign(peer.synchronize(vector.flatten(), peer.round))
+                vector.assign(peer.on_host(vector.flatten(), lambda x, out: (
+                    peer.strategy.synchronize_model(x, peer.round,
+                                                    parameters=vector.parameters, out=out))))
             else:
                 flat = self.flats.get(model, params, FlatParams)
                 x = flat.bind()

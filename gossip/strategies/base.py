@@ -162,6 +162,13 @@ class Strategy(ABC):
         each bucket's). Ignored by default; a strategy that compresses weight matrices by
         shape (powersgd) keeps it."""
 
+    def synchronize_model(self, x: torch.Tensor, round: int, *, parameters: int,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+        """``synchronize`` of a model's vector (``ModelVector``): its first ``parameters``
+        elements are the trainable parameters, the rest float buffers (and momentum). By
+        default the same; an outer optimizer (``local``'s) steps the parameters only."""
+        return self.synchronize(x, round, out=out)
+
     # -- a training round, as the training loop runs it (defaults: blocking SGD) ----------
     def round_plan(self, round: int) -> RoundPlan:
         """How ``Peer.step`` treats the model in ``round``: by default as ``operates_on``

@@ -12,7 +12,7 @@ import torch
 from gossip.errors import ConfigError
 from gossip.peer import Peer
 from gossip.transport import LoopbackHub
-from support import peer_once_all_bound, run_in_threads, run_training_steps
+from support import BatchNormNet, peer_once_all_bound, run_in_threads, run_training_steps
 
 TIMEOUT = 10.0
 
@@ -108,16 +108,6 @@ def test_groups_must_nest_and_cover_every_rank(local_topology):
         with Peer(0, local_topology("ring", 3), "local", transport=hub.transport(0),
                   period=4, group_period=2, groups=[[0, 1]]):
             pass
-
-
-class BatchNormNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(3, 2)
-        self.norm = torch.nn.BatchNorm1d(2)
-
-    def forward(self, x):
-        return self.norm(self.layer(x))
 
 
 @pytest.mark.parametrize("strategy, options", [

@@ -12,11 +12,12 @@ from support.oracle import TOLERANCE, Oracle, assert_same, peer_data
 from support.peers import (Rounds, assert_balanced, iterate_on_peers, make_local_topology,
                            open_peer, peer_once_all_bound, run_in_threads,
                            run_on_transports, run_rounds_on_peers)
-from support.training import Steps, TinyNet, run_training_steps
+from support.training import BatchNormNet, Steps, TinyNet, run_training_steps
 from support.waiting import read_until, wait_connected, wait_until
 
 __all__ = [
-    "TOLERANCE", "Oracle", "Reasons", "Rounds", "Steps", "TinyNet", "assert_balanced", "assert_same",
+    "TOLERANCE", "BatchNormNet", "Oracle", "Reasons", "Rounds", "Steps", "TinyNet",
+    "assert_balanced", "assert_same",
     "iterate_on_peers", "make_local_topology", "open_peer", "peer_data", "peer_once_all_bound",
     "read_until", "rejection_reasons", "run_in_threads", "run_on_transports", "run_rounds_on_peers",
     "run_training_steps", "wait_connected", "wait_until",

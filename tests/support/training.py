@@ -28,6 +28,19 @@ class TinyNet(torch.nn.Module):
         return self.head(torch.tanh(self.hidden(x) + self.frozen))
 
 
+class BatchNormNet(torch.nn.Module):
+    """A linear layer and a BatchNorm over its outputs: float buffers beside the
+    parameters."""
+
+    def __init__(self, inputs: int = 3, outputs: int = 2):
+        super().__init__()
+        self.layer = torch.nn.Linear(inputs, outputs)
+        self.norm = torch.nn.BatchNorm1d(outputs)
+
+    def forward(self, x):
+        return self.norm(self.layer(x))
+
+
 @dataclass
 class Steps:
     """Flat trainable parameters and gradients per step and rank: ``[step, rank, d]``."""

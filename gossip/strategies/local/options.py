@@ -1,4 +1,5 @@
-"""Options of ``local`` (local SGD): the period, the warm-up, the groups, the optimizer state.
+"""Options of ``local`` (local SGD): the period, the warm-up, the groups, the optimizer state,
+the outer optimizer (DiLoCo) and the fragments (streaming DiLoCo).
 
 The inner strategy's options nest (``inner_options``), as ``nonblocking``'s do.
 """
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gossip.errors import ConfigError
-from gossip.options import TaggedOptions, at_least, option
+from gossip.options import TaggedOptions, at_least, option, positive
 from gossip.strategies.base import EXACT_MEAN
 from gossip.strategies.wrapping import inner_options, inner_refusal
 
@@ -33,11 +34,19 @@ def _groups(value: Any) -> str | None:
     return None
 
 
+def _momentum(value: float) -> str | None:
+    return None if 0 <= value < 1 else "must be in [0, 1)"
+
+
 @dataclass(frozen=True)
 class LocalOptions(TaggedOptions, tag="local"):
     """Options of ``local``; ``inner_options`` become the inner strategy's own."""
 
-    examples = ({"period": 2}, {"inner": "dpsgd", "period": 2, "warmup_rounds": 1})
+    examples = ({"period": 2}, {"inner": "dpsgd", "period": 2, "warmup_rounds": 1},
+                {"period": 2, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
+                 "fragments": 2})
+    # DiLoCo, averaging every step so that the matrix's two rounds take an outer step
+    variants = ({"period": 1, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True},)
 
     inner: str = option(EXACT_MEAN, "the strategy that averages the parameters every period: "
                                     "ring-allreduce (exact), dpsgd or matcha (decentralized), "
@@ -55,6 +64,15 @@ class LocalOptions(TaggedOptions, tag="local"):
     optimizer_state: str = option("keep", "the optimizer's state at an average: keep it local, "
                                           "reset it, or average it with the model",
                                   choices=("keep", "reset", "average"))
+    outer_lr: float = option(1.0, "DiLoCo: the outer SGD's learning rate on the averaged "
+                                  "pseudo-gradient (1 with no momentum: plain averaging)",
+                             check=positive)
+    outer_momentum: float = option(0.0, "DiLoCo: the outer SGD's momentum, the same on "
+                                        "every peer", check=_momentum)
+    nesterov: bool = option(False, "DiLoCo: Nesterov momentum for the outer SGD")
+    fragments: int = option(1, "streaming DiLoCo: K contiguous slices of the model, one "
+                               "averaged every period/K steps in turn (divides period)",
+                            check=at_least(1))
 
     def __post_init__(self):
         super().__post_init__()
@@ -66,11 +84,30 @@ class LocalOptions(TaggedOptions, tag="local"):
             raise ConfigError(f"local: group_period must divide period and be shorter (the "
                               f"periods nest), got group_period {self.group_period} with "
                               f"period {self.period}")
+        if self.period % self.fragments:
+            raise ConfigError(f"local: fragments must divide period (each fragment is averaged "
+                              f"once a period), got fragments {self.fragments} with period "
+                              f"{self.period}")
+        if self.nesterov and not self.outer_momentum:
+            raise ConfigError("local: nesterov needs an outer_momentum above 0")
         inner, held = inner_options("local", self.inner, self.inner_options, own=LocalOptions)
+        if self.outer and not held["exact_mean"]:
+            raise ConfigError(f"local: outer_lr/outer_momentum need an inner strategy that "
+                              f"returns the exact mean (exact_mean), so that G and its "
+                              f"momentum stay equal on every peer; {self.inner!r} with these "
+                              f"options does not (use ring-allreduce or ps sync)")
+        if self.outer and self.optimizer_state == "average":
+            raise ConfigError("local: optimizer_state average with an outer optimizer: the "
+                              "inner optimizer's state stays per peer (use keep or reset)")
         if held["synchronous"] is False and (self.warmup_rounds or self.group_period):
             raise ConfigError(f"local: warmup_rounds and group_period average in lockstep "
                               f"rounds, which the asynchronous inner {self.inner!r} has not")
         object.__setattr__(self, "inner_options", inner)
+
+    @property
+    def outer(self) -> bool:
+        """Whether an outer SGD steps G (DiLoCo); lr 1 without momentum is plain averaging."""
+        return self.outer_lr != 1 or self.outer_momentum != 0
 
     @classmethod
     def accepts_inner(cls, capabilities: Mapping[str, Any]) -> str | None:

@@ -10,6 +10,9 @@
   group (``groups``, by default the peers of each host); the global period is a multiple.
 * ``optimizer_state`` at an average: ``keep`` the momentum local, ``reset`` it, or
   ``average`` it with the model (``Peer.step`` adds the momentum buffers to the vector).
+* ``outer_lr``, ``outer_momentum``, ``nesterov`` (DiLoCo): an outer SGD steps the agreed
+  model G on the exact mean of the pseudo-gradients; ``fragments`` K (streaming DiLoCo):
+  one of K slices is averaged every H/K steps, in turn (``outer.py``).
 
 See ``shared/specs/sync-modes.md`` section 1.
 """
@@ -24,12 +27,14 @@ import torch
 from gossip.strategies.base import EXACT_MEAN, STRATEGIES, RoundPlan, Strategy
 from gossip.strategies.local.groups import GroupMean, resolve_groups
 from gossip.strategies.local.options import LocalOptions
+from gossip.strategies.local.outer import OuterSGD
 
 
 @STRATEGIES.register("local")
 class Local(Strategy):
     """Local SGD: H local steps, then the inner strategy averages the parameters (optionally
-    a gradient warm-up before and group averages in between); nothing is sent in between."""
+    a gradient warm-up before, group averages in between, DiLoCo's outer step on the
+    average, streamed in fragments); nothing is sent in between."""
 
     options_class = LocalOptions
     operates_on = "params"
@@ -52,16 +57,22 @@ class Local(Strategy):
         if opts.group_period is not None:
             mine = next(g for g in resolve_groups(opts.groups, topology) if rank in g)
             self.group = GroupMean(rank, mine, transport, f"{opts.tag}.group")
+        self.outer: OuterSGD | None = None
+        if opts.outer or opts.fragments > 1:
+            self.outer = OuterSGD(lr=opts.outer_lr, momentum=opts.outer_momentum,
+                                  nesterov=opts.nesterov, fragments=opts.fragments)
 
     @classmethod
     def capabilities_for(cls, options: LocalOptions) -> dict[str, Any]:
         inner_cls = STRATEGIES.strategy_class(options.inner, options.inner_options)
         inner = inner_cls.capabilities_for(options.inner_options)
         every_round = options.period == 1 and options.group_period is None
+        plain = not options.outer  # the outer step moves the average; a fragment's mean not
         return {**inner, "operates_on": "params",
-                "exact_mean": bool(inner["exact_mean"] and every_round),
+                "exact_mean": bool(inner["exact_mean"] and every_round and plain),
                 # an exact mean, a group mean and sending nothing all keep the average
-                "preserves_mean": bool(inner["preserves_mean"] or inner["exact_mean"]),
+                "preserves_mean": bool(plain and (inner["preserves_mean"]
+                                                  or inner["exact_mean"])),
                 "can_rejoin": False, "checks_own_result": False, "plans_rounds": True,
                 "wraps": True,
                 # group means and a warm-up all-reduce of our own need every rank to train
@@ -74,16 +85,23 @@ class Local(Strategy):
         return own + ((self.group.kind,) if self.group is not None else ())
 
     def phase(self, round: int) -> str | None:
-        """``"warmup"``, ``"global"`` (inner average), ``"group"``, or None (local step)."""
+        """``"warmup"``, ``"global"`` (inner average, of one fragment with several),
+        ``"group"``, or None (local step)."""
         opts = self.options
         if round < opts.warmup_rounds:
             return "warmup"
         k = round - opts.warmup_rounds + 1
-        if k % opts.period == 0:
+        if k % (opts.period // opts.fragments) == 0:
             return "global"
         if opts.group_period is not None and k % opts.group_period == 0:
             return "group"
         return None
+
+    def fragment(self, round: int) -> int:
+        """The slice a global ``round`` averages: the averages since the warm-up, mod K."""
+        opts = self.options
+        averages = (round - opts.warmup_rounds + 1) // (opts.period // opts.fragments)
+        return (averages - 1) % opts.fragments
 
     def round_plan(self, round: int) -> RoundPlan:
         phase = self.phase(round)
@@ -94,9 +112,20 @@ class Local(Strategy):
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-        """The round's average of ``x`` (warm-up: the exact mean), or ``x`` itself in a
-        local round."""
+        """The round's average of ``x`` (warm-up: the exact mean; with an outer optimizer:
+        G after its step), or ``x`` itself in a local round."""
+        return self.synchronize_model(x, round, parameters=x.numel(), out=out)
+
+    def synchronize_model(self, x: torch.Tensor, round: int, *, parameters: int,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+        """``synchronize``; the outer step moves only the first ``parameters`` elements,
+        the float buffers after them are averaged."""
         phase = self.phase(round)
+        if phase == "global" and self.outer is not None:
+            flat, dest = x.reshape(-1), self._output(x, out)
+            self.outer.average(flat, self.fragment(round), parameters,
+                               lambda v: self.inner.synchronize(v, round, out=v), dest)
+            return dest.view_as(x)
         if phase == "global":
             return self.inner.synchronize(x, round, out=out)
         if phase == "warmup":
@@ -123,7 +152,13 @@ class Local(Strategy):
         self.inner.finish()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"inner": self.inner.state_dict()}
+        """The inner strategy's, and the outer optimizer's (G, its momentum)."""
+        state = {"inner": self.inner.state_dict()}
+        if self.outer is not None:
+            state["outer"] = self.outer.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.inner.load_state_dict(state.get("inner", {}))
+        if self.outer is not None:
+            self.outer.load_state_dict(state.get("outer", {}))
