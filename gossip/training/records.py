@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-_TASK_FIELDS = ("test_loss", "perplexity")
+TASK_FIELDS = ("test_loss", "perplexity")
 _DEVICE_FIELDS = ("device_wait_s", "device_hold_s", "round_start_wall")
 OVERLAP_FIELDS = ("exposed_comm_s", "comm_busy_s", "iter_s", "buckets")
 ROBUST_FIELDS = ("robust_share", "robust_flagged")
@@ -102,7 +102,7 @@ class Record:
             del line["resumed_from"]
         if not self.lost_work:
             del line["lost_work"]
-        for key in (*_TASK_FIELDS, *_DEVICE_FIELDS, *OVERLAP_FIELDS, *ROBUST_FIELDS,
+        for key in (*TASK_FIELDS, *_DEVICE_FIELDS, *OVERLAP_FIELDS, *ROBUST_FIELDS,
                     "staleness"):
             if line[key] is None:
                 del line[key]

@@ -11,16 +11,21 @@ import pytest
 import torch
 
 from gossip.attacks import Attacks
+from gossip.clock import ManualClock
 from gossip.cli.summary import run_summary
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 from gossip.metrics import MetricsWriter
+from gossip.peer import Peer
 from gossip.tasks import Split, Task, create_task, evaluate, partition
 from gossip.tasks.gpt import (EXCLUDED, SIZES, ByteGPT, is_test_file, parameter_count,
                               stdlib_corpus, stdlib_files, windows)
 from gossip.tasks.resnet import build_resnet18, draw_shapes
 from gossip.threads import intra_op_threads
+from gossip.topology import Topology
 from gossip.training.records import Record
+from gossip.training.synchronous import train
+from gossip.transport import LoopbackHub
 
 
 @pytest.fixture(autouse=True)
@@ -177,6 +182,17 @@ def test_records_and_the_summary_show_loss_and_perplexity(tmp_path):
     text = run_summary(tmp_path, [0, 1])
     assert "perplexity" in text.splitlines()[0] and "test loss" in text.splitlines()[0]
     assert "mean test loss 2.0000 nats per target (perplexity 7.389" in text
+
+
+def test_a_trained_language_model_records_its_loss_and_perplexity():
+    config = TrainConfig(strategy="dpsgd", task="gpt", rounds=2, batch_size=4, lr=0.05,
+                         task_options={"ctx": 16, "test_windows": 2})
+    transport = LoopbackHub(1).transport(0, clock=ManualClock(), timeout=10)
+    lines = []
+    with Peer(0, Topology.generate("complete", 1), "dpsgd", transport=transport) as peer:
+        train(peer, config, on_round=lines.append)
+    assert [line["round"] for line in lines] == [0, 1]
+    assert all(line["perplexity"] == math.exp(line["test_loss"]) for line in lines)
 
 
 # --- refusals ---------------------------------------------------------------------------------
