@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import platform
+import sysconfig
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,11 +138,11 @@ def test_the_lm_text_follows_the_split_rule(gpt):
     assert 0.05 < len(test) / len(files) < 0.15
     corpus = stdlib_corpus()
     assert int(corpus["files"]) == len(files) and int(corpus["test_files"]) == len(test)
-    root = __import__("sysconfig").get_paths()["stdlib"]
-    sizes = {f: (__import__("pathlib").Path(root) / f).stat().st_size for f in files}
+    root = Path(sysconfig.get_paths()["stdlib"])
+    sizes = {f: (root / f).stat().st_size for f in files}
     assert corpus["test"].numel() == sum(sizes[f] for f in test)
     assert corpus["train"].numel() == sum(sizes.values()) - corpus["test"].numel()
-    assert gpt.metadata["python"] == __import__("platform").python_version()
+    assert gpt.metadata["python"] == platform.python_version()
     assert len(gpt.metadata["manifest_sha256"]) == 64
 
 
