@@ -57,14 +57,10 @@ class Task:
         name: Registry name of the task.
         train: Training examples (each peer trains on a shard of these).
         test: Held-out examples used by :func:`evaluate`.
-        num_classes: Number of label classes.
+        num_classes: Number of label classes (a byte-level text task: the 256 byte values).
         build_model: Returns a fresh model; deterministic once the caller has called
             ``torch.manual_seed`` (peers rely on this to start from identical weights).
         loss_fn: ``loss_fn(logits, labels) -> scalar mean loss``.
-        labelled: Each example has one class label (``y`` is 1-D): what label-based
-            partitions and label flipping need. A task whose targets are sequences (a
-            language model) has none; its factory says so too (``unlabelled``), so a
-            run is refused before any task is built.
         metrics: The figures of an evaluation a round's record holds (``METRICS``):
             accuracy always; a language model adds its test loss and perplexity.
         metadata: What the data and model were made from, for the record (e.g. the
@@ -77,7 +73,6 @@ class Task:
     num_classes: int
     build_model: Callable[[], torch.nn.Module]
     loss_fn: Callable = F.cross_entropy
-    labelled: bool = True
     metrics: tuple[str, ...] = ("accuracy",)
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
@@ -101,8 +96,9 @@ METRICS: Mapping[str, Callable[[float, float], float]] = {
 
 
 def unlabelled(factory: Callable) -> Callable:
-    """Mark a task factory whose tasks have no class labels (``Task.labelled`` false), so
-    that ``TrainConfig`` refuses label-based partitions and attacks before building one."""
+    """Mark a task factory whose examples have no one class label each (a language
+    model's targets are sequences), so that ``TrainConfig`` refuses label-based partitions
+    and attacks before any task is built."""
     factory.labelled = False
     return factory
 

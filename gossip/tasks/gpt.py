@@ -157,7 +157,7 @@ def gpt_task(*, seed: int = 0, **options) -> Task:
     test = Split(*(part[torch.from_numpy(keep.astype(np.int64))] for part in (test.x, test.y)))
     return Task(name="gpt", train=train, test=test, num_classes=VOCABULARY,
                 build_model=lambda: ByteGPT(d, layers, heads, ctx), loss_fn=next_byte_loss,
-                labelled=False, metrics=("test_loss", "perplexity", "accuracy"),
+                metrics=("test_loss", "perplexity", "accuracy"),
                 metadata={"python": platform.python_version(), "size": opts.size, "ctx": ctx,
                           "files": int(corpus["files"]), "test_files": int(corpus["test_files"]),
                           "manifest_sha256": bytes(corpus["digest"]).hex()})
