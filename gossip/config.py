@@ -17,7 +17,7 @@ from gossip.matrix import check_run
 from gossip.overlap import DEFAULT_BUCKET_MB
 from gossip.strategies import DEFAULT, STRATEGIES
 from gossip.options import Check, Options, at_least, option
-from gossip.tasks import SCHEMES, task_factory
+from gossip.tasks import SCHEMES, factory_labelled, task_factory
 from gossip.transport import DEAD_AFTER_S, TIMEOUT_S
 
 
@@ -42,7 +42,8 @@ class TrainConfig(Options):
     strategy: str = option("", "Synchronization strategy, e.g. dpsgd, ring-allreduce "
                                "(empty: the default one).")
     options: Mapping[str, Any] = option({}, "Strategy options (e.g. piece_bytes).")
-    task: str = option("digits", "Task: digits, deep-mlp, or package.module:factory.")
+    task: str = option("digits", "Task: digits, deep-mlp, resnet, gpt, or "
+                                 "package.module:factory.")
     rounds: int = option(300, "Optimizer steps per peer; each one synchronizes once.",
                          check=at_least(1))
     batch_size: int = option(32, "Samples per local step (per peer and round).",
@@ -112,11 +113,26 @@ class TrainConfig(Options):
             object.__setattr__(self, "strategy", DEFAULT)
         # The name and every option checked, once: everything downstream uses the spec.
         object.__setattr__(self, "spec", STRATEGIES.resolve(self.strategy, self.options))
-        task_factory(self.task)
+        self.check_labels(task_factory(self.task))
         if self.batch_size % self.minibatches:
             raise self.refusal("batch_size", self.batch_size,
                                f"must be a multiple of minibatches ({self.minibatches})")
         check_run(self)  # overlap, budgets and checkpoints against the strategy
+
+    def check_labels(self, factory: Callable) -> None:
+        """Refuse what needs class labels (a dirichlet partition, label flipping) for a
+        task whose examples have none (a language model's)."""
+        if factory_labelled(factory):
+            return
+        if self.partition != "iid":
+            raise self.refusal("partition", self.partition,
+                               f"splits by class label, and task {self.task}'s examples have "
+                               f"none (use iid)")
+        for rank, (kind, _) in self.attack.by_rank.items():
+            if kind.needs_labels:
+                raise self.refusal("attack", f"{rank}:{kind.name}",
+                                   f"changes class labels, and task {self.task}'s examples "
+                                   f"have none")
 
     @property
     def asynchronous(self) -> bool:

@@ -67,6 +67,8 @@ class AttackKind(Options):
 
     #: What ``payload`` reads: ``own``, ``history`` or ``neighbours`` (see the module doc).
     needs: ClassVar[Literal["own", "history", "neighbours"]] = "own"
+    #: Whether it changes its training data's class labels (a task without them refuses it).
+    needs_labels: ClassVar[bool] = False
     #: Its name in ``ATTACKS`` (set as it registers).
     registered: ClassVar[str] = ""
 
@@ -201,6 +203,8 @@ class Dissensus(AttackKind):
 @dataclass(frozen=True)
 class LabelFlip(AttackKind):
     """Trains honestly on flipped labels, y' = C - 1 - y, and sends its model as it is."""
+
+    needs_labels: ClassVar[bool] = True
 
     def payload(self, view: View) -> torch.Tensor:
         return view.own

@@ -135,7 +135,8 @@ def other_flags() -> list[click.Option]:
         click.Option(["--config", "config_path"], type=click.Path(dir_okay=False),
                      help="YAML with training settings (a run directory's config.yaml)."),
         click.Option(["--task-option", "task_options"], multiple=True, metavar="KEY=VALUE",
-                     help="Task factory option, repeatable (e.g. width=1024, depth=8)."),
+                     help="Task factory option, repeatable (e.g. width=1024, depth=8 of "
+                          "deep-mlp; width=0.125 of resnet; size=full of gpt)."),
     ]
 
 

@@ -3,7 +3,11 @@ peer's figures, the consensus (probe or snapshots), the peers that died or were 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+# Record fields -> the columns that show them, when the peers' records have them.
+_TEST_LOSS = {"test_loss": "test loss", "perplexity": "perplexity"}
 
 
 def run_summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
@@ -24,14 +28,23 @@ def run_summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
         last[rank] = records[-1]
         tail = [r["loss"] for r in records[-10:] if r["loss"] is not None] or [float("nan")]
         rows.append({"peer": rank, "loss": sum(tail) / len(tail),
+                     **{label: records[-1][key] for key, label in _TEST_LOSS.items()
+                        if records[-1].get(key) is not None},
                      "accuracy": records[-1]["accuracy"], "bytes sent": records[-1]["bytes_sent"],
                      "bytes recv": records[-1]["bytes_recv"], "seconds": records[-1]["time"]})
     if not rows:  # e.g. every worker died and only a parameter server finished
         return "\n".join(["no peer finished training"] + [d.describe() for d in deaths])
-    table = format_table(rows, ["peer", "loss", "accuracy", "bytes sent", "bytes recv", "seconds"])
+    # a language model's records also hold its test loss and perplexity (Task.metrics)
+    shown = [label for label in _TEST_LOSS.values() if all(label in r for r in rows)]
+    table = format_table(rows, ["peer", "loss", *shown, "accuracy", "bytes sent", "bytes recv",
+                                "seconds"])
     final = last[min(last)]
     mean_acc = sum(r["accuracy"] for r in rows) / len(rows)
     lines = [table, f"mean test accuracy {mean_acc:.4f}"]
+    if shown:
+        mean_loss = sum(r["test loss"] for r in rows) / len(rows)
+        lines[-1] = (f"mean test loss {mean_loss:.4f} nats per target (perplexity "
+                     f"{math.exp(mean_loss):.3f} at the mean); {lines[-1]}")
     if final["consensus"] is not None:
         lines[-1] += (f"; averaged model {final['avg_accuracy']:.4f}; consensus distance "
                       f"{final['consensus']:.3g}")

@@ -102,7 +102,9 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
                    f"{metrics_path}{resumed}")
         return
     lost = "".join(f" lost peer {r} (round {at})" for r, at in last["lost_peers"].items())
-    click.echo(f"peer {rank}: loss {last['loss']:.4f} accuracy {last['accuracy']:.4f} "
+    test = "".join(f" {key} {last[key]:.4f}" for key in ("test_loss", "perplexity")
+                   if last.get(key) is not None)  # a language model's (Task.metrics)
+    click.echo(f"peer {rank}: loss {last['loss']:.4f}{test} accuracy {last['accuracy']:.4f} "
                f"bytes_sent {last['bytes_sent']} bytes_recv {last['bytes_recv']} "
                f"time {last['time']:.1f}s metrics {metrics_path}{lost}{resumed}")
 

@@ -15,7 +15,7 @@ from gossip.errors import ConfigError
 from gossip.metrics import read_jsonl
 from gossip.topology import Topology
 
-NUMERICS = ("loss", "accuracy", "consensus", "avg_accuracy")
+NUMERICS = ("loss", "accuracy", "consensus", "avg_accuracy", "test_loss")
 COMPARED = (*NUMERICS, "bytes_sent")
 # Settings that change nothing compared in a run that went to its end.
 UNCOMPARED = ("timeout", "dead_after", "checkpoint_every")
@@ -27,7 +27,7 @@ class Comparison:
 
     peers: int
     rounds: int
-    numerics_equal: int  # rounds whose loss, accuracy, consensus, avg accuracy are bitwise equal
+    numerics_equal: int  # rounds whose NUMERICS (loss, accuracy, ...) are bitwise equal
     bytes_equal: int  # rounds whose bytes sent are equal (received: see compare_runs)
     totals_equal: int  # peers whose bytes received by the last round are equal
     first_difference: str | None  # where the first mismatch is, in words

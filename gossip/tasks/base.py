@@ -7,8 +7,10 @@ module's types, so new tasks plug in by registering a factory in :data:`TASKS`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,8 +30,10 @@ class Split:
     """One labelled set of examples.
 
     Attributes:
-        x: Features, float32, first dimension indexes examples.
-        y: Class labels, int64, shape ``(len(x),)``.
+        x: Inputs, first dimension indexes examples: float32 features, or the bytes
+            (uint8) of a text task's windows.
+        y: Targets: class labels, int64, shape ``(len(x),)``; or a text task's next
+            bytes, one per input position.
     """
 
     x: torch.Tensor
@@ -53,10 +57,14 @@ class Task:
         name: Registry name of the task.
         train: Training examples (each peer trains on a shard of these).
         test: Held-out examples used by :func:`evaluate`.
-        num_classes: Number of label classes.
+        num_classes: Number of label classes (a byte-level text task: the 256 byte values).
         build_model: Returns a fresh model; deterministic once the caller has called
             ``torch.manual_seed`` (peers rely on this to start from identical weights).
         loss_fn: ``loss_fn(logits, labels) -> scalar mean loss``.
+        metrics: The figures of an evaluation a round's record holds (``METRICS``):
+            accuracy always; a language model adds its test loss and perplexity.
+        metadata: What the data and model were made from, for the record (e.g. the
+            interpreter's version and a hash of the files a text task read).
     """
 
     name: str
@@ -65,6 +73,39 @@ class Task:
     num_classes: int
     build_model: Callable[[], torch.nn.Module]
     loss_fn: Callable = F.cross_entropy
+    metrics: tuple[str, ...] = ("accuracy",)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.metrics if m not in METRICS]
+        if unknown or "accuracy" not in self.metrics:
+            raise ConfigError(f"task {self.name!r}: metrics must include accuracy and come "
+                              f"from {', '.join(METRICS)}, got {', '.join(self.metrics)}")
+
+    def scores(self, loss: float, accuracy: float) -> dict[str, float]:
+        """Its ``metrics`` from an evaluation's mean loss and accuracy (``evaluate``)."""
+        return {name: METRICS[name](loss, accuracy) for name in self.metrics}
+
+
+#: What a task may report, from an evaluation's (mean loss, accuracy): the record fields.
+METRICS: Mapping[str, Callable[[float, float], float]] = {
+    "accuracy": lambda loss, accuracy: accuracy,
+    "test_loss": lambda loss, accuracy: loss,  # nats per target: per byte for a text task
+    "perplexity": lambda loss, accuracy: math.exp(min(loss, 700.0)),  # e^709 overflows
+}
+
+
+def unlabelled(factory: Callable) -> Callable:
+    """Mark a task factory whose examples have no one class label each (a language
+    model's targets are sequences), so that ``TrainConfig`` refuses label-based partitions
+    and attacks before any task is built."""
+    factory.labelled = False
+    return factory
+
+
+def factory_labelled(factory: Callable) -> bool:
+    """Whether the tasks of ``factory`` have class labels (unless marked ``unlabelled``)."""
+    return getattr(factory, "labelled", True)
 
 
 def task_factory(name: str) -> Callable:
@@ -177,7 +218,8 @@ def evaluate(
     *,
     batch_size: int = 4096,
 ) -> tuple[float, float]:
-    """Mean loss and accuracy of ``model`` on ``split``.
+    """Mean loss and accuracy of ``model`` on ``split``: of its labels, or of every
+    position's next byte for a text task (logits' last dimension is the class).
 
     The model is put in eval mode for the pass and its previous mode restored after,
     so calling this mid-training does not leave dropout/batch-norm switched off.
@@ -186,10 +228,12 @@ def evaluate(
         model: Maps ``split.x`` to logits of shape ``(n, num_classes)``.
         split: Examples to score; moved to the model's device batch by batch.
         loss_fn: ``loss_fn(logits, labels)`` returning the mean loss of a batch.
-        batch_size: Examples per forward pass (bounds memory on large splits).
+        batch_size: Targets per forward pass (bounds memory on large splits): examples
+            of a classifier, this many bytes' worth of a text task's windows.
 
     Returns:
-        ``(mean loss, accuracy in [0, 1])`` over all examples.
+        ``(mean loss, accuracy in [0, 1])`` over all examples (all targets: every
+        example has as many).
 
     Raises:
         ConfigError: ``split`` is empty.
@@ -204,13 +248,14 @@ def evaluate(
     try:
         loss_sum = 0.0
         correct = 0
-        for start in range(0, n, batch_size):
-            x = split.x[start : start + batch_size].to(device)
-            y = split.y[start : start + batch_size].to(device)
+        step = max(1, batch_size // split.y[0].numel())
+        for start in range(0, n, step):
+            x = split.x[start : start + step].to(device)
+            y = split.y[start : start + step].to(device)
             logits = model(x)
             # loss_fn averages over the batch; re-weight so the result is a true mean.
             loss_sum += float(loss_fn(logits, y)) * y.shape[0]
-            correct += int((logits.argmax(dim=1) == y).sum())
-        return loss_sum / n, correct / n
+            correct += int((logits.argmax(dim=-1) == y).sum())
+        return loss_sum / n, correct / split.y.numel()
     finally:
         model.train(was_training)

@@ -25,7 +25,8 @@ def partition(
     """Assign every example index to exactly one peer.
 
     Args:
-        labels: Class label of each example, shape ``(n,)``.
+        labels: Class label of each example, shape ``(n,)``; for ``"iid"`` any targets
+            whose first dimension indexes the examples (a text task's next bytes).
         num_peers: Number of shards, 1 <= num_peers <= n.
         scheme: ``"iid"``: a shuffled equal split (sizes differ by at most 1).
             ``"dirichlet"``: for each class, the class's examples are divided among
@@ -39,12 +40,17 @@ def partition(
         ``range(n)``; each is non-empty.
 
     Raises:
-        ConfigError: Unknown ``scheme``, ``alpha`` <= 0, or ``num_peers`` out of range.
+        ConfigError: Unknown ``scheme``, ``alpha`` <= 0, ``num_peers`` out of range, or
+            ``"dirichlet"`` of examples without one label each.
     """
     if isinstance(labels, torch.Tensor):
         labels = labels.detach().cpu().numpy()
-    labels = np.asarray(labels).reshape(-1)
-    n = labels.size
+    labels = np.asarray(labels)
+    n = labels.shape[0] if labels.ndim else 1
+    if scheme == "dirichlet" and labels.size != n:
+        raise ConfigError(f"partition dirichlet splits by class label, and these examples have "
+                          f"{labels.size // max(n, 1)} targets each, not one: use iid")
+    labels = labels.reshape(n, -1)[:, 0] if n else labels.reshape(-1)
     if scheme not in SCHEMES:
         raise ConfigError(f"unknown partition scheme {scheme!r}; available: {', '.join(SCHEMES)}")
     if not alpha > 0:  # also rejects NaN

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+TASK_FIELDS = ("test_loss", "perplexity")
 _DEVICE_FIELDS = ("device_wait_s", "device_hold_s", "round_start_wall")
 OVERLAP_FIELDS = ("exposed_comm_s", "comm_busy_s", "iter_s", "buckets")
 ROBUST_FIELDS = ("robust_share", "robust_flagged")
@@ -16,8 +17,8 @@ ROBUST_FIELDS = ("robust_share", "robust_flagged")
 @dataclass(frozen=True)
 class Record:
     """What one peer did in one round. The fields, in this order, are the keys of its JSONL
-    line; ``resumed_from``, ``lost_work``, the device, overlap, staleness and robust fields
-    are written only when set.
+    line; ``resumed_from``, ``lost_work``, the task's extra metrics, the device, overlap,
+    staleness and robust fields are written only when set.
 
     Attributes:
         round: The round.
@@ -59,6 +60,8 @@ class Record:
             of the neighbours' models clipped in this round (of their values, trimmed).
         robust_flagged: With robust mixing: neighbours whose model had a non-finite value,
             left out of this round's mix.
+        test_loss, perplexity: A task that reports them (``Task.metrics``; a language
+            model): this peer's model's mean test loss (nats per target) and e^test_loss.
     """
 
     round: int
@@ -89,6 +92,8 @@ class Record:
     staleness: int | None = None
     robust_share: float | None = None
     robust_flagged: int | None = None
+    test_loss: float | None = None
+    perplexity: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSONL line (``MetricsWriter.write`` turns NaN into null)."""
@@ -97,7 +102,8 @@ class Record:
             del line["resumed_from"]
         if not self.lost_work:
             del line["lost_work"]
-        for key in (*_DEVICE_FIELDS, *OVERLAP_FIELDS, *ROBUST_FIELDS, "staleness"):
+        for key in (*TASK_FIELDS, *_DEVICE_FIELDS, *OVERLAP_FIELDS, *ROBUST_FIELDS,
+                    "staleness"):
             if line[key] is None:
                 del line[key]
         return line

@@ -200,15 +200,16 @@ class Trainer:
 
     def record(self, round: int, work: Work, comm_s: float, *, before: Mapping[str, Any],
                after: Mapping[str, Any]) -> Record:
-        """The round's record, with this peer's test accuracy; ``before`` and ``after`` are
-        ``Peer.stats`` at the start of the round and after its step."""
+        """The round's record, with this peer's test accuracy (and the task's other
+        metrics); ``before`` and ``after`` are ``Peer.stats`` at the start of the round and
+        after its step."""
         sent, received = (new + old for new, old in zip(algorithm_bytes(after),
                                                         self.bytes_counted))
-        _, accuracy = evaluate(self.model, self.task.test, self.task.loss_fn)
+        scores = self.task.scores(*evaluate(self.model, self.task.test, self.task.loss_fn))
         done = work.minibatches
         return Record(
             round=round, time=self.clock.monotonic() - self.started, wall=self.clock.time(),
-            loss=work.loss_sum / done if done else math.nan, accuracy=accuracy,
+            loss=work.loss_sum / done if done else math.nan, **scores,
             bytes_sent=sent, bytes_recv=received, compute_s=work.seconds,
             delay_s=work.delay_s, comm_s=comm_s, wait_s=after["wait_s"] - before["wait_s"],
             minibatches=done, samples=done * self.per_minibatch,

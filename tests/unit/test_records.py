@@ -18,7 +18,9 @@ SCHEMA = ["round", "time", "wall", "loss", "accuracy", "bytes_sent", "bytes_recv
 DEVICE = ["device_wait_s", "device_hold_s", "round_start_wall"]
 OVERLAP = ["exposed_comm_s", "comm_busy_s", "iter_s", "buckets"]
 ROBUST = ["robust_share", "robust_flagged"]
-OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness", *ROBUST]  # when set
+TASK = ["test_loss", "perplexity"]
+# written when set
+OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness", *ROBUST, *TASK]
 
 
 def record(round: int = 3, **changes) -> Record:
@@ -43,6 +45,7 @@ def test_optional_fields_appear_only_when_set():
     shared = record(device_wait_s=0.0, device_hold_s=0.1, round_start_wall=1.7e9).as_dict()
     assert list(shared) == SCHEMA + DEVICE and shared["device_wait_s"] == 0.0
     assert list(record(staleness=0).as_dict()) == SCHEMA + ["staleness"]  # s > 0: even 0
+    assert list(record(test_loss=2.0, perplexity=7.4).as_dict()) == SCHEMA + TASK  # an LM's
     assert list(record(robust_share=0.0, robust_flagged=0).as_dict()) == SCHEMA + ROBUST
 
 
