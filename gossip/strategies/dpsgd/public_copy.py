@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from gossip.compress import Compressor, Payload
-from gossip.compress.sparse import Sparse
+from gossip.compress.sparse import Sparse, scatter_add
 
 #: Elements per chunk of the fused step: 3 x 256 KiB of float32 stay in a core's L2.
 CHUNK = 1 << 16
@@ -47,9 +47,7 @@ class PublicCopy:
             if sparse is None:
                 compressor.add_to(payload, target, alpha=weight * scale)
             else:  # SparseCompressor.add_to's scatter-add, from the selection
-                target.index_add_(0, sparse.indices.to(target.device),
-                                  sparse.values.to(target.device, target.dtype),
-                                  alpha=weight * scale)
+                scatter_add(sparse, target, alpha=weight * scale)
 
     def add_neighbour(self, compressor: Compressor, payload: Payload, *, weight: float,
                       scale: float) -> None:
