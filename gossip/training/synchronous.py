@@ -204,7 +204,8 @@ class Trainer:
         ``Peer.stats`` at the start of the round and after its step."""
         sent, received = (new + old for new, old in zip(algorithm_bytes(after),
                                                         self.bytes_counted))
-        _, accuracy = evaluate(self.model, self.task.test, self.task.loss_fn)
+        with torch.no_grad():  # no autograd graph for the test pass: the same logits, cheaper
+            _, accuracy = evaluate(self.model, self.task.test, self.task.loss_fn)
         done = work.minibatches
         return Record(
             round=round, time=self.clock.monotonic() - self.started, wall=self.clock.time(),
