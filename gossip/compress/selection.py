@@ -13,6 +13,7 @@ chain on our small shared CPUs (no 100 MB temporaries, no thread-pool wake-ups).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -25,6 +26,9 @@ MARGIN_SIGMAS = 4.0
 #: Elements per chunk of the numpy scan: 1 MiB of float32 stays in cache.
 _CHUNK = 1 << 18
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
+#: Where numpy's subtraction rounds as torch's does (float16 goes through float32 in both,
+#: but not provably alike): the fused difference is taken only for these.
+_FUSED_DTYPES = (torch.float32, torch.float64)
 
 
 def sample_size_for(n: int) -> int:
@@ -66,18 +70,27 @@ def topk_select(x: torch.Tensor, k: int, *, method: str = "sampled",
     a = x.numpy()
     positions = torch.randint(n, (sample_size,), generator=generator).numpy()
     threshold = _threshold(np.abs(a[positions]), k / n)
-    candidates = _scan(a, threshold)
-    c = candidates.size
-    if c < k:  # unlucky sample: the threshold was too high
-        idx = _exact(x, k)
-        return idx, x[idx]
-    values = a[candidates]
-    if c > k:
-        # Drop the c - k smallest candidates; the survivors keep their sorted order.
-        keep = np.ones(c, dtype=bool)
-        keep[np.argpartition(np.abs(values), c - k - 1)[:c - k]] = False
-        candidates, values = candidates[keep], values[keep]
-    return torch.from_numpy(candidates), torch.from_numpy(values)
+    return _keep_k(x, k, *_scan_values(_chunks(a), threshold))
+
+
+def topk_select_difference(x: torch.Tensor, base: torch.Tensor, out: torch.Tensor, k: int, *,
+                           method: str = "sampled", generator: torch.Generator | None = None,
+                           sample_size: int = SAMPLE_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk_select(out)`` after ``torch.sub(x, base, out=out)``, the same bits: where it can,
+    the sampled method writes each chunk of the difference and scans it while it is in cache,
+    gathering the candidates' values there (one pass over memory instead of three)."""
+    n = x.numel()
+    k = max(0, min(k, n))
+    if (k == 0 or k == n or method == "exact" or n < 4 * sample_size or 4 * k > n
+            or not all(t.device.type == "cpu" and t.dtype in _FUSED_DTYPES
+                       and t.dtype == x.dtype and t.is_contiguous() for t in (x, base, out))):
+        torch.sub(x, base, out=out)
+        return topk_select(out, k, method=method, generator=generator, sample_size=sample_size)
+    xa, ba, oa = x.numpy(), base.numpy(), out.numpy()
+    positions = torch.randint(n, (sample_size,), generator=generator).numpy()
+    # IEEE subtraction in numpy and torch alike: the sample is the one topk_select would draw.
+    threshold = _threshold(np.abs(xa[positions] - ba[positions]), k / n)
+    return _keep_k(out, k, *_scan_values(_differences(xa, ba, oa), threshold))
 
 
 def abs_at_least(x: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -87,22 +100,63 @@ def abs_at_least(x: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.from_numpy(_scan(x.numpy(), threshold))
 
 
-def _scan(a: np.ndarray, threshold: float) -> np.ndarray:
-    t = a.dtype.type(threshold)
-    scratch = np.empty(min(a.size, _CHUNK), dtype=a.dtype)
-    mask = np.empty(scratch.size, dtype=bool)
-    found = []
+def _chunks(a: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     for start in range(0, a.size, _CHUNK):
-        part = a[start:start + _CHUNK]
+        yield start, a[start:start + _CHUNK]
+
+
+def _differences(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``out = a - b`` chunk by chunk, each chunk handed on while it is in cache."""
+    for start in range(0, a.size, _CHUNK):
+        stop = start + _CHUNK
+        yield start, np.subtract(a[start:stop], b[start:stop], out=out[start:stop])
+
+
+def _scan(a: np.ndarray, threshold: float) -> np.ndarray:
+    return _scan_values(_chunks(a), threshold, gather=False)[0]
+
+
+def _scan_values(chunks: Iterable[tuple[int, np.ndarray]], threshold: float, *,
+                 gather: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """Sorted indices where ``|a| >= threshold`` over ``a``'s chunks, and (``gather``) the
+    values there, taken from each chunk while it is in cache."""
+    scratch = mask = t = None
+    found, values = [], []
+    for start, part in chunks:
         m = part.size
+        if scratch is None:
+            scratch, mask = np.empty(m, dtype=part.dtype), np.empty(m, dtype=bool)
+            t = part.dtype.type(threshold)
         np.abs(part, out=scratch[:m])
         np.greater_equal(scratch[:m], t, out=mask[:m])
         hits = np.flatnonzero(mask[:m])
         if hits.size:
+            if gather:
+                values.append(part[hits])
             found.append(hits + start if start else hits)
     if not found:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate(found) if len(found) > 1 else found[0]
+        return np.zeros(0, dtype=np.int64), (np.zeros(0, dtype=scratch.dtype) if gather
+                                             and scratch is not None else None)
+    joined = np.concatenate(found) if len(found) > 1 else found[0]
+    if not gather:
+        return joined, None
+    return joined, np.concatenate(values) if len(values) > 1 else values[0]
+
+
+def _keep_k(x: torch.Tensor, k: int, candidates: np.ndarray,
+            values: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact top-k among the candidates (all of ``x`` if the sample placed the threshold
+    too high)."""
+    c = candidates.size
+    if c < k:  # unlucky sample: the threshold was too high
+        idx = _exact(x, k)
+        return idx, x[idx]
+    if c > k:
+        # Drop the c - k smallest candidates; the survivors keep their sorted order.
+        keep = np.ones(c, dtype=bool)
+        keep[np.argpartition(np.abs(values), c - k - 1)[:c - k]] = False
+        candidates, values = candidates[keep], values[keep]
+    return torch.from_numpy(candidates), torch.from_numpy(values)
 
 
 def _exact(x: torch.Tensor, k: int) -> torch.Tensor:

@@ -63,6 +63,17 @@ class Sparse(NamedTuple):
     values: torch.Tensor   # in the wire dtype
 
 
+def scatter_add(sparse: Sparse, out: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """``out += alpha * decompress`` of a decoded payload, into a contiguous ``out``: what
+    ``add_to`` does, for callers that keep the decoded indices (ProtocolError if the lengths
+    differ)."""
+    check_out(out, sparse.header.numel)
+    # index_add_ is a scatter-add: no dense temporary, correct even for repeated indices.
+    out.view(-1).index_add_(0, sparse.indices.to(out.device),
+                            sparse.values.to(out.device, out.dtype), alpha=alpha)
+    return out
+
+
 def k_for(density: float, numel: int) -> int:
     """max(1, ceil(density * numel)), capped at numel; 0 for an empty tensor.
 
@@ -101,12 +112,29 @@ class SparseCompressor(Compressor):
     def compress(self, x: torch.Tensor, *, key: str = "", round: int = 0) -> Payload:
         return self.compress_unpacked(x, key=key, round=round)[0]
 
+    def select_difference(self, x: torch.Tensor, base: torch.Tensor, out: torch.Tensor, *,
+                          key: str, round: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``select(x - base)``, the difference written into ``out``; a selection that can
+        overrides this to take the difference in the same pass (top-k)."""
+        return self.select(torch.sub(x, base, out=out), key=key, round=round)
+
     def compress_unpacked(self, x: torch.Tensor, *, key: str = "",
                           round: int = 0) -> tuple[Payload, Sparse]:
         """``compress(x)`` and what ``unpack`` would return of it, without decoding it: a
         sender that applies its own payload (CHOCO) skips the index decoding."""
         flat = flatten(x)
-        idx, values = self.select(flat, key=key, round=round)
+        return self._packed(x, flat, *self.select(flat, key=key, round=round), key=key,
+                            round=round)
+
+    def compress_difference(self, x: torch.Tensor, base: torch.Tensor, out: torch.Tensor, *,
+                            key: str = "", round: int = 0) -> tuple[Payload, Sparse]:
+        """``compress_unpacked(x - base)``, the difference written into ``out`` (same-shaped
+        contiguous tensors): CHOCO's compressed difference to its public copy."""
+        return self._packed(out, out.view(-1), *self.select_difference(
+            x.view(-1), base.view(-1), out.view(-1), key=key, round=round), key=key, round=round)
+
+    def _packed(self, x: torch.Tensor, flat: torch.Tensor, idx: torch.Tensor,
+                values: torch.Tensor, *, key: str, round: int) -> tuple[Payload, Sparse]:
         scale = self.value_scale(idx.numel(), flat.numel())
         if scale != 1.0:
             values = values * scale
@@ -142,14 +170,11 @@ class SparseCompressor(Compressor):
         return out.view(head.shape)
 
     def add_to(self, p: Payload, out: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-        head, idx, values = self.unpack(p)
-        check_out(out, head.numel)
+        sparse = self.unpack(p)
         if not out.is_contiguous():
+            check_out(out, sparse.header.numel)
             return super().add_to(p, out, alpha)
-        # index_add_ is a scatter-add: no dense temporary, correct even for repeated indices.
-        out.view(-1).index_add_(0, idx.to(out.device), values.to(out.device, out.dtype),
-                                alpha=alpha)
-        return out
+        return scatter_add(sparse, out, alpha)
 
 
 class IndexedSparse(SparseCompressor):

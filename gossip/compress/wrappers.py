@@ -52,6 +52,11 @@ class Wrapper(Compressor):
         payload = self.compress(x, key=key, round=round)
         return payload, self.unpack(payload)
 
+    def compress_difference(self, x: torch.Tensor, base: torch.Tensor, out: torch.Tensor, *,
+                            key: str = "", round: int = 0) -> tuple[Payload, Sparse]:
+        """``compress_unpacked(x - base)``, the difference written into ``out``."""
+        return self.compress_unpacked(torch.sub(x, base, out=out), key=key, round=round)
+
     def quality(self, numel: int) -> float:
         return self.inner.quality(numel)
 

@@ -62,3 +62,79 @@ def test_the_fused_step_equals_the_whole_tensor_ops_at_full_chunk_size():
     state = PublicCopy(x, public=public, mixed=mixed)
     expected = torch.add(x, torch.sub(mixed, public), alpha=0.017)
     assert torch.equal(state.step_into(x, 0.017, torch.empty_like(x)), expected)
+
+
+# ---- the fused difference + selection (top-k) against the plain path: sub, then select
+
+
+@pytest.mark.parametrize("n", [20011, 16384 * 2 + 3])
+@pytest.mark.parametrize("k", [1, 200, 5002, "n"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_the_fused_difference_selects_what_sub_then_select_does(n, k, dtype):
+    from gossip.compress.selection import topk_select, topk_select_difference
+
+    k = n if k == "n" else k
+    gen = torch.Generator().manual_seed(n + k)
+    x, base = (torch.randn(n, generator=gen).to(dtype) for _ in range(2))
+    out, plain = torch.empty_like(x), torch.sub(x, base)
+    fused_idx, fused_values = topk_select_difference(
+        x, base, out, k, generator=torch.Generator().manual_seed(3), sample_size=4096)
+    idx, values = topk_select(plain, k, generator=torch.Generator().manual_seed(3),
+                              sample_size=4096)
+    assert torch.equal(out, plain)
+    assert torch.equal(fused_idx, idx) and torch.equal(fused_values, values)
+    assert fused_idx.numel() == k
+
+
+def test_the_fused_difference_falls_back_when_the_sample_misleads(monkeypatch):
+    from gossip.compress import selection
+
+    monkeypatch.setattr(selection, "MARGIN_SIGMAS", -50.0)  # threshold far too high
+    gen = torch.Generator().manual_seed(4)
+    x, base = torch.randn(40009, generator=gen), torch.randn(40009, generator=gen)
+    out = torch.empty_like(x)
+    idx, values = selection.topk_select_difference(x, base, out, 400, sample_size=4096)
+    expected = torch.topk((x - base).abs(), 400).indices.sort().values
+    assert torch.equal(idx, expected) and torch.equal(values, (x - base)[expected])
+
+
+@pytest.mark.parametrize("density", [1e-9, 0.01, 1.0])  # k = 1, 1%, k = n
+def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, monkeypatch):
+    """Five peers on a ring (odd P), n not divisible by P, several rounds: the fused round
+    (difference taken in the selection's pass, the step chunked) against the plain one (x - x̂
+    whole, compress, add_to on both copies, x + gamma (s - x̂) whole), bit for bit."""
+    from gossip.compress import topk
+
+    monkeypatch.setattr(topk, "SAMPLE_SIZE", 1024)  # the sampled path at a test's size
+    compressor = create("topk", density=density)
+    peers, n, gamma = 5, 20011, 0.3
+    gen = torch.Generator().manual_seed(11)
+    xs = [torch.randn(n, generator=gen) for _ in range(peers)]
+    plain = [x.clone() for x in xs]
+    states = [PublicCopy(x) for x in xs]
+    public = [torch.zeros(n) for _ in range(peers)]
+    mixed = [torch.zeros(n) for _ in range(peers)]
+    ring = [((r - 1) % peers, (r + 1) % peers) for r in range(peers)]
+    for round in range(4):
+        sent = [states[r].compress(compressor, xs[r], key=f"k{r}", round=round)
+                for r in range(peers)]
+        reference = [compressor.compress(plain[r] - public[r], key=f"k{r}", round=round)
+                     for r in range(peers)]
+        for r in range(peers):
+            assert [b.tolist() for b in sent[r][0].buffers] == [
+                b.tolist() for b in reference[r].buffers]
+            states[r].add_own(compressor, *sent[r], self_weight=1 / 3, scale=1.0)
+            compressor.add_to(reference[r], public[r], alpha=1.0)
+            compressor.add_to(reference[r], mixed[r], alpha=1 / 3)
+            for j in ring[r]:
+                states[r].add_neighbour(compressor, sent[j][0], weight=1 / 3, scale=1.0)
+                compressor.add_to(reference[j], mixed[r], alpha=1 / 3)
+        for r in range(peers):
+            xs[r] = states[r].step_into(xs[r], gamma, xs[r])
+            plain[r] = torch.add(plain[r], torch.sub(mixed[r], public[r]), alpha=gamma)
+            assert torch.equal(xs[r], plain[r])
+            assert torch.equal(states[r].public, public[r])
+            assert torch.equal(states[r].mixed, mixed[r])
+            step = torch.randn(n, generator=gen) * 0.1  # a local step between rounds
+            xs[r].add_(step)
+            plain[r].add_(step)

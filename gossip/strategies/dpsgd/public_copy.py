@@ -5,8 +5,9 @@ entries. The round then needs x_i + gamma (s_i - x̂_i) everywhere; computed who
 two passes over the model and a model-sized temporary. ``step_into`` runs the same two
 elementwise ops on cache-sized chunks instead: one pass, no temporary, and bit for bit the
 same result (elementwise ops round the same whatever the chunking). The difference x_i - x̂_i
-that is compressed goes into a buffer kept across rounds; a sparsifier's own payload is
-applied from its selection, without decoding the indices it just encoded.
+that is compressed goes into a buffer kept across rounds (top-k writes it in the pass that
+scans it); a sparsifier's own payload is applied from its selection, without decoding the
+indices it just encoded.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from gossip.compress import Compressor, Payload
-from gossip.compress.sparse import Sparse
+from gossip.compress.sparse import Sparse, scatter_add
 
 #: Elements per chunk of the fused step: 3 x 256 KiB of float32 stay in a core's L2.
 CHUNK = 1 << 16
@@ -33,9 +34,10 @@ class PublicCopy:
     def compress(self, compressor: Compressor, flat: torch.Tensor, *, key: str,
                  round: int) -> tuple[Payload, Sparse | None]:
         """The payload of Q(x_i - x̂_i) and, for a sparsifier, its decoded form."""
+        if compressor.sparse:  # top-k takes the difference in the same pass as its scan
+            return compressor.compress_difference(  # type: ignore[attr-defined]
+                flat, self.public, self.difference, key=key, round=round)
         diff = torch.sub(flat, self.public, out=self.difference)
-        if compressor.sparse:
-            return compressor.compress_unpacked(diff, key=key, round=round)  # type: ignore
         return compressor.compress(diff, key=key, round=round), None
 
     def add_own(self, compressor: Compressor, payload: Payload, sparse: Sparse | None, *,
@@ -45,9 +47,7 @@ class PublicCopy:
             if sparse is None:
                 compressor.add_to(payload, target, alpha=weight * scale)
             else:  # SparseCompressor.add_to's scatter-add, from the selection
-                target.index_add_(0, sparse.indices.to(target.device),
-                                  sparse.values.to(target.device, target.dtype),
-                                  alpha=weight * scale)
+                scatter_add(sparse, target, alpha=weight * scale)
 
     def add_neighbour(self, compressor: Compressor, payload: Payload, *, weight: float,
                       scale: float) -> None:
