@@ -11,7 +11,9 @@ import yaml
 from gossip.errors import ConfigError
 from gossip.experiment.analysis import SMOOTH, format_rows, load_curve, summarize
 from gossip.experiment.overlap import overlap_rows
-from gossip.experiment.plots import plot_curves
+from gossip.experiment.plots import plot_curves, plot_quality
+from gossip.experiment.targets import Target, target_rows
+from gossip.experiment.timemodel import model_rows, time_model_alpha
 from gossip.metrics import run_dirs
 
 
@@ -56,6 +58,23 @@ def report(path: str | Path, *, target: float | None = None,
         summary["overlap"] = arms
         table += "\n\nsync vs overlap (medians; time model: gossip/experiment/overlap.py)\n"
         table += format_rows(arms)
+    quality = spec.get("target")
+    if quality is not None or spec.get("time_model") is not None:
+        quality = Target.parse(quality) if quality is not None else None
+        alpha = time_model_alpha(spec.get("time_model"))
+        if quality is not None:
+            summary["target"] = quality.describe()
+            summary["to_target"] = target_rows(curves, quality, baselines)
+            table += (f"\n\nto the target {quality.describe()} (per arm, medians over seeds; "
+                      f"time: training, evaluation excluded; x: the baseline's / this arm's)\n")
+            table += format_rows(summary["to_target"])
+        summary["time_model"] = model_rows(curves, baselines=baselines, target=quality,
+                                           alpha=alpha)
+        table += (f"\n\ntime model T = steps x (C + V/B + n alpha), alpha {alpha:g} s "
+                  f"(gossip/experiment/timemodel.py)\n")
+        table += format_rows(summary["time_model"])
+        figures += plot_quality(curves, path, metric=quality.metric if quality else "accuracy",
+                                title=title)
     (path / "table.txt").write_text(table + "\n")
     (path / "summary.json").write_text(json.dumps(summary, indent=1))
     echo(table)

@@ -8,6 +8,9 @@ netns: {rate: 100mbit}        # optional: bandwidth-capped virtual cluster (root
 simulate: true                # optional: simulated in virtual time (gossip simulate), or
                               # {rate, latency, sharing, compute, probe, kills, ...}
 target_loss: 0.3              # for the time-to-target table
+target: {metric: accuracy, fraction: 0.95}   # optional: time and bytes to a quality, per
+                              # arm (seeds alike), vs the baseline of its setting (targets.py)
+time_model: {alpha: 0.0001}   # optional: per-message latency of the time model (timemodel.py)
 baseline: dpsgd               # run name(s) the speed-ups are relative to
 smooth: 10                    # rounds in the loss moving average
 train: {rounds: 200, batch_size: 64, minibatches: 8, delays: {...}}
@@ -33,9 +36,11 @@ from gossip.cluster.rate import DEFAULT_RATE
 from gossip.config import TrainConfig, load_yaml
 from gossip.errors import ConfigError
 from gossip.experiment.analysis import SMOOTH
+from gossip.experiment.targets import Target
+from gossip.experiment.timemodel import time_model_alpha
 
 _TOP = ("name", "description", "peers", "graph", "topology", "netns", "simulate",
-        "target_loss", "baseline", "smooth", "train", "runs")
+        "target_loss", "target", "time_model", "baseline", "smooth", "train", "runs")
 _PLACEMENT = ("peers", "graph", "topology", "netns", "simulate")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -63,6 +68,8 @@ class Experiment:
     baselines: tuple[str, ...]
     smooth: int
     source: Mapping[str, Any]  # the file's mapping, copied into the output directory
+    target: Target | None = None  # time and bytes to a quality (targets.py)
+    alpha: float = 0.0  # the time model's per-message latency (timemodel.py)
 
     def run(self, name: str) -> Run:
         for run in self.runs:
@@ -112,9 +119,12 @@ def parse_experiment(data: Mapping[str, Any], *, source: str = "experiment",
     if not isinstance(smooth, int) or isinstance(smooth, bool) or smooth < 1:
         raise ConfigError(f"{source}: smooth: expected a positive integer, got {smooth!r}")
     name = data.get("name") or Path(source).stem
+    quality = (Target.parse(data["target"], f"{source}: target")
+               if data.get("target") is not None else None)
     return Experiment(name=str(name), runs=tuple(runs),
                       target_loss=None if target is None else float(target),
-                      baselines=baselines, smooth=smooth, source=dict(data))
+                      baselines=baselines, smooth=smooth, source=dict(data), target=quality,
+                      alpha=time_model_alpha(data.get("time_model"), f"{source}: time_model"))
 
 
 def _run(name: str, top: Mapping[str, Any], train: Mapping[str, Any], item: Mapping[str, Any],
