@@ -7,6 +7,9 @@ target: {metric: eval_loss, margin: 0.05}    # the baseline's final value + 0.05
 target: {metric: accuracy, value: 0.9}       # an absolute level
 ```
 
+The experiment's ``target`` is every run's unless a run gives its own (e.g. an experiment of
+two tasks: each task's runs their metric).
+
 A run reaches the target at its first round whose metric (mean over the peers; ``loss`` is
 the smoothed training loss) is at the level; its time is the training time until then,
 evaluation excluded (``Curve.train_time``), its bytes the mean per peer sent by then, its
@@ -90,6 +93,23 @@ class Target:
         if final is None or not math.isfinite(final):
             return None
         return final * self.fraction if self.fraction is not None else final + self.margin
+
+
+def run_targets(data: Mapping[str, Any], where: str = "experiment") -> dict[str, Target]:
+    """Each run's target in an experiment file's mapping: its own ``target``, else the
+    file's; runs with neither are left out."""
+    top = data.get("target")
+    found = {}
+    for item in data.get("runs") or ():
+        if not isinstance(item, Mapping):
+            continue
+        own = item.get("target")
+        if own is not None:
+            found[item.get("name")] = Target.parse(own, f"{where}: runs ({item.get('name')}): "
+                                                        f"target")
+        elif top is not None:
+            found[item.get("name")] = Target.parse(top, f"{where}: target")
+    return found
 
 
 @dataclass(frozen=True)

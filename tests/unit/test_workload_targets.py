@@ -147,6 +147,14 @@ def test_target_and_time_model_errors_name_the_field():
     base = {"train": {"task": "digits"}, "runs": [{"name": "a"}]}
     with pytest.raises(ConfigError, match="x.yaml: target: unknown field 'level'"):
         parse_experiment({**base, "target": {"level": 0.9}}, source="x.yaml")
-    spec = parse_experiment({**base, "target": {"metric": "eval_loss", "margin": 0.05},
-                             "time_model": {"alpha": 0.0002}})
-    assert spec.target == Target(metric="eval_loss", margin=0.05) and spec.alpha == 0.0002
+    with pytest.raises(ConfigError, match=r"runs \(b\): target: give exactly one"):
+        parse_experiment({**base, "runs": [{"name": "a"}, {"name": "b", "target": {}}]})
+    # Two tasks in one file: a run's own target replaces the file's.
+    spec = parse_experiment({**base, "target": {"metric": "accuracy", "fraction": 0.95},
+                             "time_model": {"alpha": 0.0002},
+                             "runs": [{"name": "cnn"},
+                                      {"name": "lm", "target": {"metric": "eval_loss",
+                                                                "margin": 0.05}}]})
+    assert spec.targets == {"cnn": Target(fraction=0.95),
+                            "lm": Target(metric="eval_loss", margin=0.05)}
+    assert spec.alpha == 0.0002
