@@ -8,7 +8,7 @@ runs are dashed.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gossip.experiment.analysis import Curve
@@ -49,31 +49,33 @@ def plot_curves(curves: Sequence[Curve], out: Path, *, target: float | None = No
     return paths
 
 
-def plot_quality(curves: Sequence[Curve], out: Path, *, metric: str = "accuracy",
+def plot_quality(curves: Sequence[Curve], out: Path, metrics: Mapping[str, str], *,
                  title: str = "") -> list[Path]:
-    """``metric`` (a key of ``Curve.values``) vs training time (evaluation excluded) and vs
-    bytes: one pair of figures per setting (task, peers, link rate), whose runs compare;
-    returns their paths. None where FIGURES has drawn them (accuracy, one setting)."""
+    """Each setting's (task, peers, link rate) target metric (``metrics``: run name ->
+    metric, a key of ``Curve.values``) vs training time (evaluation excluded) and vs bytes,
+    ``METRIC_vs_time-N-TASK-RATE.png``; returns their paths. None where FIGURES has drawn
+    them (accuracy, one setting)."""
     from gossip.experiment.targets import setting
 
     groups: dict[str, list[Curve]] = {}
     for c in curves:
-        if metric in c.values:
+        if metrics.get(c.name) in c.values:
             groups.setdefault(setting(c), []).append(c)
-    if len(groups) == 1 and metric == "accuracy":
+    if len(groups) == 1 and {metrics[c.name] for c in curves if c.name in metrics} \
+            == {"accuracy"}:
         return []
     paths = []
     for index, group in enumerate(groups.values()):
+        metric = metrics[group[0].name]
         train, rate = group[0].config.get("train", {}), (group[0].config.get("netns") or {})
         what = "-".join(str(x) for x in (train.get("task"), rate.get("rate")) if x)
-        suffix = f"-{index}-{what}" if len(groups) > 1 else ""
         heading = f"{title} {what}".strip()
         for x_name, x_of, x_label in (
                 ("time", lambda c: c.train_time, "training time (s, evaluation excluded)"),
                 ("bytes", lambda c: c.bytes_sent / 1e6, "MB sent per peer")):
             paths.append(_figure(
-                group, Path(out) / f"{metric}_vs_{x_name}{suffix}.png", x_of,
-                lambda c: c.values[metric], x_label, metric, log_y=False,
+                group, Path(out) / f"{metric}_vs_{x_name}-{index}-{what}.png", x_of,
+                lambda c, metric=metric: c.values[metric], x_label, metric, log_y=False,
                 log_x=x_name == "bytes" and _spread([c.bytes_sent[-1] for c in group]) > 10,
                 title=f"{heading}: {metric} vs {x_label}"))
     return paths

@@ -80,7 +80,7 @@ def quality_tables(curves: Sequence, spec: dict, baselines: Sequence[str], path:
     by_target: dict = {}
     for c in curves:
         by_target.setdefault(targets.get(c.name), []).append(c)
-    text, extra, figures, model = "", {"to_target": {}}, [], []
+    text, extra, model = "", {"to_target": {}}, []
     for target, group in by_target.items():
         model += model_rows(group, baselines=baselines, target=target, alpha=alpha)
         if target is None:
@@ -90,8 +90,9 @@ def quality_tables(curves: Sequence, spec: dict, baselines: Sequence[str], path:
         text += (f"\n\nto the target {target.describe()} (per arm, medians over seeds; time: "
                  f"training, evaluation excluded; x: the baseline's / this arm's)\n")
         text += format_rows(rows)
-        figures += plot_quality(group, path, metric=target.metric, title=title)
     extra["time_model"] = model
+    figures = plot_quality(curves, path, {name: t.metric for name, t in targets.items()},
+                           title=title)
     text += (f"\n\ntime model T = steps x (C + V/B + n alpha), alpha {alpha:g} s "
              f"(gossip/experiment/timemodel.py)\n")
     return text + format_rows(model), extra, figures

@@ -133,8 +133,7 @@ def _measure(group: Sequence[Curve], target: Target | None, level: float | None,
     n = serial_messages(first)
     out = {key: median_or_none([r[key] for r in per_run])
            for key in ("C", "V", "steps", "measured", "step_s")}
-    out["to"] = per_run[len(per_run) // 2]["to"] if len({r["to"] for r in per_run}) > 1 \
-        else per_run[0]["to"]
+    out["to"] = "target" if all(r["to"] == "target" for r in per_run) else "end"
     out["n"], out["B"] = n, rate
     out["C'"] = out["C"] + (n or 0) * alpha
     out["model"] = out["steps"] * step_seconds(out["C"], out["V"], rate, n, alpha)

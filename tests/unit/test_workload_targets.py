@@ -158,3 +158,29 @@ def test_target_and_time_model_errors_name_the_field():
     assert spec.targets == {"cnn": Target(fraction=0.95),
                             "lm": Target(metric="eval_loss", margin=0.05)}
     assert spec.alpha == 0.0002
+
+
+def test_report_tabulates_each_target_and_the_time_model_and_plots_per_setting(tmp_path):
+    from gossip.experiment.report import report
+
+    write_run(tmp_path / "cnn-dense", accuracy=[0.5, 0.9, 1.0], comm=0.9, sent=10**6,
+              rate="20mbit")
+    write_run(tmp_path / "cnn-sparse", accuracy=[0.9, 0.95, 1.0], sent=10**4,
+              rate="20mbit", strategy="gtopk")
+    write_run(tmp_path / "lm-dense", accuracy=[0.1, 0.2, 0.3], task="deep-mlp",
+              rate="20mbit")
+    (tmp_path / "experiment.yaml").write_text(yaml.safe_dump({
+        "name": "two-tasks", "baseline": ["cnn-dense", "lm-dense"],
+        "target": {"metric": "accuracy", "fraction": 0.95},
+        "runs": [{"name": "cnn-dense"}, {"name": "cnn-sparse"},
+                 {"name": "lm-dense", "target": {"metric": "loss", "margin": 0.05}}]}))
+    lines = []
+    report(tmp_path, echo=lines.append)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["to_target"]) == {"accuracy >= 0.95 x baseline's final",
+                                         "loss <= baseline's final + 0.05"}
+    assert [r["arm"] for r in summary["time_model"]] == ["cnn-dense", "cnn-sparse", "lm-dense"]
+    assert "time model T = steps x (C + V/B + n alpha)" in lines[0]
+    for name in ("accuracy_vs_time-0-digits-20mbit.png", "accuracy_vs_bytes-0-digits-20mbit.png",
+                 "loss_vs_time-1-deep-mlp-20mbit.png", "loss_vs_time.png", "accuracy_vs_time.png"):
+        assert (tmp_path / name).exists(), name
