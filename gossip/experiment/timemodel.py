@@ -16,7 +16,9 @@ Compression pays below the break-even rate (the spec's, with each arm's own C):
 
 (C including n alpha); with C_c = C_d it is the spec's (V_d - s V_c) / ((s - 1) C). And the
 baseline's rate where communication is 2/3 of its round (V/B + n alpha = 2 C):
-B_2/3 = V / (2 C - n alpha): the communication-bound rate an experiment should run at.
+B_2/3 = V / (2 C - n alpha): the communication-bound rate an experiment should run at; and
+the alpha its measured step would need, (step - C - V/B) / n ("alpha fit": on a fast link,
+where V/B is small, a per-message cost to put in ``time_model``).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def model_rows(curves: Sequence[Curve], *, baselines: Sequence[str] = (),
             "error %": (100 * (m["model"] / m["measured"] - 1)
                         if m["model"] is not None and m["measured"] else None),
             "comm %": m["comm"],
-            "B* Mbit/s": None, "pays": None, "B_2/3 Mbit/s": None,
+            "B* Mbit/s": None, "pays": None, "B_2/3 Mbit/s": None, "alpha fit s": None,
         }
         # Steps compare where both reached the target, or neither was asked to.
         if base is not None and base is not m and m["to"] == base["to"] \
@@ -109,6 +111,9 @@ def model_rows(curves: Sequence[Curve], *, baselines: Sequence[str] = (),
             row["B* Mbit/s"], row["pays"] = rate * 8 / 1e6, where
         if base is m:
             row["B_2/3 Mbit/s"] = comm_bound_rate(m["V"], m["C"], m["n"], alpha) * 8 / 1e6
+            if m["n"]:
+                row["alpha fit s"] = (m["step_s"] - step_seconds(m["C"], m["V"], m["B"], 0,
+                                                                 0.0)) / m["n"]
         rows.append(row)
     return rows
 

@@ -131,6 +131,8 @@ def test_model_rows_measure_c_and_v_and_compare_with_the_baseline(tmp_path):
     assert d["comm %"] == pytest.approx(80.0)
     assert d["B_2/3 Mbit/s"] == pytest.approx(1e6 / 0.2 * 8 / 1e6)
     assert s["pays"] == "always" and s["B* Mbit/s"] == math.inf
+    # The measured step is exactly C + V/B: no per-message cost left (n = 2(P-1) = 2).
+    assert (d["n"], d["alpha fit s"]) == (2, pytest.approx(0.0, abs=1e-12))
 
 
 def test_target_and_time_model_errors_name_the_field():
