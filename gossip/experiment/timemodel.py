@@ -14,7 +14,7 @@ Compression pays below the break-even rate (the spec's, with each arm's own C):
 
     B* = (V_d - s V_c) / (s C_c - C_d),   s = steps_c / steps_d
 
-(C including n alpha); with C_c = C_d it is the spec's (V_d - s V_c) / ((s - 1) C). And the
+(C including n alpha where both arms' n are known); with C_c = C_d it is the spec's (V_d - s V_c) / ((s - 1) C). And the
 baseline's rate where communication is 2/3 of its round (V/B + n alpha = 2 C):
 B_2/3 = V / (2 C - n alpha): the communication-bound rate an experiment should run at; and
 the alpha its measured step would need, (step - C - V/B) / n ("alpha fit": on a fast link,
@@ -106,7 +106,9 @@ def model_rows(curves: Sequence[Curve], *, baselines: Sequence[str] = (),
         # Steps compare where both reached the target, or neither was asked to.
         if base is not None and base is not m and m["to"] == base["to"] \
                 and (target is None or m["to"] == "target"):
-            rate, where = break_even(base["V"], base["C'"], m["V"], m["C'"],
+            # alpha where both arms' n are known, else for neither
+            key = "C'" if m["n"] is not None and base["n"] is not None else "C"
+            rate, where = break_even(base["V"], base[key], m["V"], m[key],
                                      m["steps"] / base["steps"])
             row["B* Mbit/s"], row["pays"] = rate * 8 / 1e6, where
         if base is m:
