@@ -29,55 +29,40 @@ import numpy as np
 
 from gossip.errors import ConfigError
 from gossip.experiment.analysis import RECORDED, Curve
+from gossip.options import Options, in_unit_interval, option
 
 #: Metrics where higher is better; every other (losses, perplexity) is lower-is-better.
 HIGHER = ("accuracy", "avg_accuracy")
 METRICS = ("loss", *RECORDED)
 
 
+def finite(value: float) -> str | None:
+    return None if math.isfinite(value) else "must be a finite number"
+
+
 @dataclass(frozen=True)
-class Target:
+class Target(Options):
     """One of ``value`` (absolute), ``fraction`` (of the baseline's final value) or
     ``margin`` (added to it: a lower-is-better metric) for ``metric``."""
 
-    metric: str = "accuracy"
-    value: float | None = None
-    fraction: float | None = None
-    margin: float | None = None
+    metric: str = option("accuracy", "a per-round metric of the peers' records (loss: the "
+                         "smoothed training loss)", choices=METRICS)
+    value: float | None = option(None, "an absolute level", check=finite)
+    fraction: float | None = option(None, "of the baseline's final value (higher-is-better "
+                                    "metrics)", check=in_unit_interval)
+    margin: float | None = option(None, "added to the baseline's final value (lower-is-better "
+                                  "metrics)", check=finite)
 
-    @classmethod
-    def parse(cls, data: Any, where: str = "target") -> Target:
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{where}: expected a mapping such as {{metric: accuracy, "
-                              f"fraction: 0.95}}, got {data!r}")
-        for key in data:
-            if key not in ("metric", "value", "fraction", "margin"):
-                raise ConfigError(f"{where}: unknown field {key!r}; fields: metric, value, "
-                                  f"fraction, margin")
-        metric = data.get("metric", "accuracy")
-        if metric not in METRICS:
-            raise ConfigError(f"{where}: metric: {metric!r} is not one of {', '.join(METRICS)}")
-        given = [key for key in ("value", "fraction", "margin") if data.get(key) is not None]
-        if len(given) != 1:
-            raise ConfigError(f"{where}: give exactly one of value, fraction, margin")
-        number = data[given[0]]
-        if not isinstance(number, (int, float)) or isinstance(number, bool) \
-                or not math.isfinite(number):
-            raise ConfigError(f"{where}: {given[0]}: expected a number, got {number!r}")
-        if given[0] == "fraction" and not 0 < number <= 1:
-            raise ConfigError(f"{where}: fraction: expected a number in (0, 1], got {number!r}")
-        if given[0] == "fraction" and metric not in HIGHER:
-            raise ConfigError(f"{where}: fraction: {metric} is lower-is-better; use margin")
-        return cls(metric=metric, **{given[0]: float(number)})
+    def __post_init__(self):
+        super().__post_init__()
+        if sum(x is not None for x in (self.value, self.fraction, self.margin)) != 1:
+            raise ConfigError("give exactly one of value, fraction, margin")
+        if self.fraction is not None and not self.higher:
+            raise ConfigError(f"fraction: {self.metric} is lower-is-better; use margin")
 
     @property
     def higher(self) -> bool:
         return self.metric in HIGHER
-
-    @property
-    def relative(self) -> bool:
-        """Whether the level depends on a baseline's final value."""
-        return self.value is None
 
     def describe(self) -> str:
         if self.value is not None:
@@ -105,10 +90,10 @@ def run_targets(data: Mapping[str, Any], where: str = "experiment") -> dict[str,
             continue
         own = item.get("target")
         if own is not None:
-            found[item.get("name")] = Target.parse(own, f"{where}: runs ({item.get('name')}): "
+            found[item.get("name")] = Target.from_mapping(own, f"{where}: runs ({item.get('name')}): "
                                                         f"target")
         elif top is not None:
-            found[item.get("name")] = Target.parse(top, f"{where}: target")
+            found[item.get("name")] = Target.from_mapping(top, f"{where}: target")
     return found
 
 

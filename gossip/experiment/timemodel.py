@@ -24,7 +24,8 @@ where V/B is small, a per-message cost to put in ``time_model``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,18 +33,20 @@ import numpy as np
 from gossip.errors import ConfigError
 from gossip.experiment.analysis import Curve
 from gossip.experiment.targets import Target, arms, median_or_none, reach, setting, target_rows
+from gossip.options import Options, at_least, option
+
+
+@dataclass(frozen=True)
+class TimeModel(Options):
+    """An experiment file's ``time_model`` section."""
+
+    alpha: float = option(0.0, "per-message latency of the time model, seconds",
+                          check=at_least(0))
 
 
 def time_model_alpha(data: Any, where: str = "time_model") -> float:
     """The per-message latency of ``time_model: {alpha: SECONDS}`` (0 when absent)."""
-    if data is None:
-        return 0.0
-    if not isinstance(data, Mapping) or set(data) - {"alpha"}:
-        raise ConfigError(f"{where}: expected {{alpha: SECONDS}}, got {data!r}")
-    alpha = data.get("alpha", 0.0)
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
-        raise ConfigError(f"{where}: alpha: expected seconds >= 0, got {alpha!r}")
-    return float(alpha)
+    return 0.0 if data is None else TimeModel.from_mapping(data, where).alpha
 
 
 def step_seconds(compute: float, link_bytes: float, rate_bytes: float | None,

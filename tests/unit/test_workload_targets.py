@@ -79,7 +79,7 @@ def test_a_loss_target_is_the_baselines_final_plus_a_margin(tmp_path):
     base = write_run(tmp_path / "dense", accuracy=[0.1, 0.2])
     target = Target(metric="loss", margin=0.05)
     assert target_rows([base], target, ["dense"])[0]["level"] == pytest.approx(1.05)
-    assert not target.higher and Target().higher
+    assert not target.higher and Target(value=0.5).higher
 
 
 def test_median_counts_never_as_later_than_any_time():
@@ -137,14 +137,14 @@ def test_model_rows_measure_c_and_v_and_compare_with_the_baseline(tmp_path):
 
 def test_target_and_time_model_errors_name_the_field():
     with pytest.raises(ConfigError, match="exactly one of"):
-        Target.parse({"metric": "accuracy"})
-    with pytest.raises(ConfigError, match="metric: 'top5'"):
-        Target.parse({"metric": "top5", "value": 0.5})
+        Target.from_mapping({"metric": "accuracy"}, "target")
+    with pytest.raises(ConfigError, match="target: metric must be one of .*, got 'top5'"):
+        Target.from_mapping({"metric": "top5", "value": 0.5}, "target")
     with pytest.raises(ConfigError, match="lower-is-better"):
-        Target.parse({"metric": "loss", "fraction": 0.95})
-    with pytest.raises(ConfigError, match="fraction"):
-        Target.parse({"fraction": 1.5})
-    with pytest.raises(ConfigError, match="alpha"):
+        Target.from_mapping({"metric": "loss", "fraction": 0.95}, "target")
+    with pytest.raises(ConfigError, match=r"fraction must be in \(0, 1\], got 1.5"):
+        Target.from_mapping({"fraction": 1.5}, "target")
+    with pytest.raises(ConfigError, match="time_model: alpha must be >= 0, got -1"):
         time_model_alpha({"alpha": -1})
     base = {"train": {"task": "digits"}, "runs": [{"name": "a"}]}
     with pytest.raises(ConfigError, match="x.yaml: target: unknown field 'level'"):
