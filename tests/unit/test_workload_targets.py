@@ -186,3 +186,29 @@ def test_report_tabulates_each_target_and_the_time_model_and_plots_per_setting(t
     for name in ("accuracy_vs_time-0-digits-20mbit.png", "accuracy_vs_bytes-0-digits-20mbit.png",
                  "loss_vs_time-1-deep-mlp-20mbit.png", "loss_vs_time.png", "accuracy_vs_time.png"):
         assert (tmp_path / name).exists(), name
+
+
+@pytest.mark.slow  # peer processes
+@pytest.mark.timeout(300)
+def test_a_tiny_workloads_experiment_runs_end_to_end(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    spec = {"name": "tiny-workloads", "peers": 3, "graph": "ring", "baseline": "dense",
+            "target": {"metric": "accuracy", "fraction": 0.5},
+            "time_model": {"alpha": 0.001},
+            "train": {"task": "digits", "rounds": 12, "batch_size": 16, "eval_every": 6},
+            "runs": [{"name": "dense", "strategy": "ring-allreduce"},
+                     {"name": "local4", "strategy": "local", "options": {"period": 4}}]}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(spec))
+    result = subprocess.run([sys.executable, "-m", "gossip", "experiment", "run", "exp.yaml",
+                             "--out", "out"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=240, env=dict(os.environ), check=False)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    rows = {r["arm"]: r for r in summary["to_target"]["accuracy >= 0.5 x baseline's final"]}
+    assert rows["dense"]["steps"] is not None and rows["dense"]["time x"] == 1.0
+    model = {r["arm"]: r for r in summary["time_model"]}
+    assert model["dense"]["n"] == 4 and model["dense"]["model s"] > 0  # 2(P-1) ring steps
+    assert (tmp_path / "out" / "accuracy_vs_time.png").exists()
