@@ -50,11 +50,13 @@ def plot_curves(curves: Sequence[Curve], out: Path, *, target: float | None = No
 
 
 def plot_quality(curves: Sequence[Curve], out: Path, metrics: Mapping[str, str], *,
+                 levels: Mapping[str, float | None] | None = None,
                  title: str = "") -> list[Path]:
     """Each setting's (task, peers, link rate) target metric (``metrics``: run name ->
     metric, a key of ``Curve.values``) vs training time (evaluation excluded) and vs bytes,
-    ``METRIC_vs_time-N-TASK-RATE.png``; returns their paths. None where FIGURES has drawn
-    them (accuracy, one setting)."""
+    ``METRIC_vs_time-N-TASK-RATE.png``, with its target level (``levels``: run name ->
+    level) as a line; returns their paths. None where FIGURES has drawn them (accuracy,
+    one setting)."""
     from gossip.experiment.targets import setting
 
     groups: dict[str, list[Curve]] = {}
@@ -77,6 +79,7 @@ def plot_quality(curves: Sequence[Curve], out: Path, metrics: Mapping[str, str],
                 group, Path(out) / f"{metric}_vs_{x_name}-{index}-{what}.png", x_of,
                 lambda c, metric=metric: c.values[metric], x_label, metric, log_y=False,
                 log_x=x_name == "bytes" and _spread([c.bytes_sent[-1] for c in group]) > 10,
+                target=(levels or {}).get(group[0].name),
                 title=f"{heading}: {metric} vs {x_label}"))
     return paths
 

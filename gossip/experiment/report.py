@@ -12,7 +12,7 @@ from gossip.errors import ConfigError
 from gossip.experiment.analysis import SMOOTH, format_rows, load_curve, summarize
 from gossip.experiment.overlap import overlap_rows
 from gossip.experiment.plots import plot_curves, plot_quality
-from gossip.experiment.targets import run_targets, target_rows
+from gossip.experiment.targets import arms, run_targets, target_rows
 from gossip.experiment.timemodel import model_rows, time_model_alpha
 from gossip.metrics import run_dirs
 
@@ -80,19 +80,21 @@ def quality_tables(curves: Sequence, spec: dict, baselines: Sequence[str], path:
     by_target: dict = {}
     for c in curves:
         by_target.setdefault(targets.get(c.name), []).append(c)
-    text, extra, model = "", {"to_target": {}}, []
+    text, extra, model, levels = "", {"to_target": {}}, [], {}
     for target, group in by_target.items():
         model += model_rows(group, baselines=baselines, target=target, alpha=alpha)
         if target is None:
             continue
         rows = target_rows(group, target, baselines)
+        for arm, row in zip(arms(group), rows):  # rows come in arms' order
+            levels.update({c.name: row["level"] for c in arm})
         extra["to_target"][target.describe()] = rows
         text += (f"\n\nto the target {target.describe()} (per arm, medians over seeds; time: "
                  f"training, evaluation excluded; x: the baseline's / this arm's)\n")
         text += format_rows(rows)
     extra["time_model"] = model
     figures = plot_quality(curves, path, {name: t.metric for name, t in targets.items()},
-                           title=title)
+                           levels=levels, title=title)
     text += (f"\n\ntime model T = steps x (C + V/B + n alpha), alpha {alpha:g} s "
              f"(gossip/experiment/timemodel.py)\n")
     return text + format_rows(model), extra, figures
