@@ -89,6 +89,22 @@ class Options:
         return [spec.name for spec in fields(cls)]
 
     @classmethod
+    def from_mapping(cls, data: Any, where: str) -> Options:
+        """A file's mapping ``data`` (e.g. an experiment's section) as these options;
+        ConfigError at ``where`` naming the field at fault."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}: expected a mapping of {', '.join(cls.names())}, got "
+                              f"{data!r}")
+        for key in data:
+            if key not in cls.names():
+                raise ConfigError(f"{where}: unknown field {key!r}; fields: "
+                                  f"{', '.join(cls.names())}")
+        try:
+            return cls(**data)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+    @classmethod
     def describe(cls) -> list[dict[str, Any]]:
         """One row per option: name, default and doc."""
         rows = []

@@ -47,6 +47,15 @@ class Curve:
     minibatch_share: float  # finished / planned mini-batches over the run
     consensus: np.ndarray = field(default_factory=lambda: np.empty(0))  # nan: not measured
     attackers: tuple[int, ...] = ()  # ranks left out: the run's attackers
+    # Cumulative training seconds, evaluation excluded: per round, the least any peer spent
+    # computing and in its step (the others' steps also waited for its evaluation).
+    train_time: np.ndarray = field(default_factory=lambda: np.empty(0))
+    compute: np.ndarray = field(default_factory=lambda: np.empty(0))  # median peer's, per round
+    # Per round, the busiest link's bytes: the most any peer sent or received in it (in the
+    # netns cluster each peer's link is capped both ways).
+    link_bytes: np.ndarray = field(default_factory=lambda: np.empty(0))
+    values: dict[str, np.ndarray] = field(default_factory=dict)  # metric -> per round, mean
+    config: dict[str, Any] = field(default_factory=dict)  # the run's config.yaml
 
     def time_to(self, target: float) -> float | None:
         """Seconds until the smoothed loss first reached ``target`` (None: never)."""
@@ -86,6 +95,7 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
         rows = [[records[i] for records in peers] for i in range(n)]
     n = len(rows)
     firsts = [records[0] for records in peers]
+    trained, sent, recv = _per_record(peers)
     if all("wall" in r for r in firsts):
         origin = max(r["wall"] - r["time"] for r in firsts)
         time = np.array([max(r["wall"] for r in row) - origin for row in rows])
@@ -103,6 +113,7 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
     family += f"@{config['netns']['rate']}" if config.get("netns") else ""
     family += json.dumps(train.get("delays"), sort_keys=True)  # other stragglers: another run
     avg = [r["avg_accuracy"] for row in rows for r in row[:1] if r.get("avg_accuracy") is not None]
+    loss = _moving_average(raw, smooth)
     return Curve(
         name=run_dir.name,
         label=f"{strategy}({inner})" if wrapper else strategy,
@@ -110,7 +121,7 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
         nonblocking=wrapper is not None,
         rounds=np.arange(n),
         time=time,
-        loss=_moving_average(raw, smooth),
+        loss=loss,
         raw_loss=raw,
         accuracy=np.array([_mean_known([r["accuracy"] for r in row]) for row in rows]),
         bytes_sent=np.array([np.mean([r["bytes_sent"] for r in row]) for row in rows]),
@@ -118,7 +129,42 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
         minibatch_share=finished / planned if planned else 1.0,
         consensus=np.array([_first_known(row, "consensus") for row in rows]),
         attackers=attackers,
+        train_time=np.cumsum([min(trained[id(r)] for r in row) for row in rows]),
+        compute=np.array([_median_known([r.get("compute_s") for r in row]) for row in rows]),
+        link_bytes=np.array([max(max(sent[id(r)], recv[id(r)]) for r in row) for row in rows]),
+        values={"loss": loss, **{key: np.array([_mean_known([r.get(key) for r in row])
+                                                for row in rows])
+                                 for key in RECORDED if any(key in r for r in firsts)}},
+        config=config,
     )
+
+
+#: Per-round metrics a target may name besides the smoothed training ``loss``: the mean over
+#: the peers of that record field (a task's own evaluation metrics, where it records them).
+RECORDED = ("accuracy", "avg_accuracy", "eval_loss", "perplexity")
+
+
+def _per_record(peers: list[list[dict]]) -> tuple[dict, dict, dict]:
+    """Per record (by id): this peer's training seconds in its round (compute and
+    synchronized step; evaluation and the consensus probe excluded; a record without
+    timings counts its ``time`` since the last), and the bytes it sent and received."""
+    trained, sent, recv = {}, {}, {}
+    for records in peers:
+        last = {"time": 0.0, "bytes_sent": 0, "bytes_recv": 0}
+        for r in records:
+            if r.get("compute_s") is not None and r.get("comm_s") is not None:
+                trained[id(r)] = r["compute_s"] + r["comm_s"]
+            else:
+                trained[id(r)] = r["time"] - last["time"]
+            sent[id(r)] = r.get("bytes_sent", 0) - last.get("bytes_sent", 0)
+            recv[id(r)] = r.get("bytes_recv", 0) - last.get("bytes_recv", 0)
+            last = r
+    return trained, sent, recv
+
+
+def _median_known(values) -> float:
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else float("nan")
 
 
 def _rank(path: Path) -> int:

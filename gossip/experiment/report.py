@@ -11,7 +11,9 @@ import yaml
 from gossip.errors import ConfigError
 from gossip.experiment.analysis import SMOOTH, format_rows, load_curve, summarize
 from gossip.experiment.overlap import overlap_rows
-from gossip.experiment.plots import plot_curves
+from gossip.experiment.plots import plot_curves, plot_quality
+from gossip.experiment.targets import arms, run_targets, target_rows
+from gossip.experiment.timemodel import model_rows, time_model_alpha
 from gossip.metrics import run_dirs
 
 
@@ -56,11 +58,46 @@ def report(path: str | Path, *, target: float | None = None,
         summary["overlap"] = arms
         table += "\n\nsync vs overlap (medians; time model: gossip/experiment/overlap.py)\n"
         table += format_rows(arms)
+    if spec.get("target") is not None or spec.get("time_model") is not None \
+            or run_targets(spec):
+        text, extra, figures_more = quality_tables(curves, spec, baselines, path, title)
+        table += text
+        summary.update(extra)
+        figures += figures_more
     (path / "table.txt").write_text(table + "\n")
     (path / "summary.json").write_text(json.dumps(summary, indent=1))
     echo(table)
     echo("figures: " + ", ".join(str(f) for f in figures))
     return rows
+
+
+def quality_tables(curves: Sequence, spec: dict, baselines: Sequence[str], path: Path,
+                   title: str) -> tuple[str, dict, list[Path]]:
+    """The time-to-target tables (one per target the runs name), the time model's table and
+    the target metrics' figures: (text, summary.json entries, figure paths)."""
+    targets = run_targets(spec, str(path / "experiment.yaml"))
+    alpha = time_model_alpha(spec.get("time_model"))
+    by_target: dict = {}
+    for c in curves:
+        by_target.setdefault(targets.get(c.name), []).append(c)
+    text, extra, model, levels = "", {"to_target": {}}, [], {}
+    for target, group in by_target.items():
+        model += model_rows(group, baselines=baselines, target=target, alpha=alpha)
+        if target is None:
+            continue
+        rows = target_rows(group, target, baselines)
+        for arm, row in zip(arms(group), rows):  # rows come in arms' order
+            levels.update({c.name: row["level"] for c in arm})
+        extra["to_target"][target.describe()] = rows
+        text += (f"\n\nto the target {target.describe()} (per arm, medians over seeds; time: "
+                 f"training, evaluation excluded; x: the baseline's / this arm's)\n")
+        text += format_rows(rows)
+    extra["time_model"] = model
+    figures = plot_quality(curves, path, {name: t.metric for name, t in targets.items()},
+                           levels=levels, title=title)
+    text += (f"\n\ntime model T = steps x (C + V/B + n alpha), alpha {alpha:g} s "
+             f"(gossip/experiment/timemodel.py)\n")
+    return text + format_rows(model), extra, figures
 
 
 def _experiment_settings(path: Path) -> dict:

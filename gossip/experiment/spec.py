@@ -8,6 +8,10 @@ netns: {rate: 100mbit}        # optional: bandwidth-capped virtual cluster (root
 simulate: true                # optional: simulated in virtual time (gossip simulate), or
                               # {rate, latency, sharing, compute, probe, kills, ...}
 target_loss: 0.3              # for the time-to-target table
+target: {metric: accuracy, fraction: 0.95}   # optional: time and bytes to a quality, per
+                              # arm (seeds alike), vs the baseline of its setting; a run may
+                              # give its own (targets.py)
+time_model: {alpha: 0.0001}   # optional: per-message latency of the time model (timemodel.py)
 baseline: dpsgd               # run name(s) the speed-ups are relative to
 smooth: 10                    # rounds in the loss moving average
 train: {rounds: 200, batch_size: 64, minibatches: 8, delays: {...}}
@@ -16,7 +20,7 @@ runs:
   - {name: nb-dpsgd, strategy: nonblocking, options: {inner: dpsgd}, delays: {compute: 0.01}}
 ```
 
-A run may set any ``train`` key (``delays`` is merged key by key, everything else replaced)
+A run may set any ``train`` key, ``target`` (``delays`` is merged key by key, everything else replaced)
 and ``peers``, ``graph``, ``topology``, ``netns`` (``netns: null`` runs it uncapped) or
 ``simulate`` (``simulate: false`` runs it for real).
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +37,11 @@ from gossip.cluster.rate import DEFAULT_RATE
 from gossip.config import TrainConfig, load_yaml
 from gossip.errors import ConfigError
 from gossip.experiment.analysis import SMOOTH
+from gossip.experiment.targets import Target, run_targets
+from gossip.experiment.timemodel import time_model_alpha
 
 _TOP = ("name", "description", "peers", "graph", "topology", "netns", "simulate",
-        "target_loss", "baseline", "smooth", "train", "runs")
+        "target_loss", "target", "time_model", "baseline", "smooth", "train", "runs")
 _PLACEMENT = ("peers", "graph", "topology", "netns", "simulate")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -63,6 +69,8 @@ class Experiment:
     baselines: tuple[str, ...]
     smooth: int
     source: Mapping[str, Any]  # the file's mapping, copied into the output directory
+    targets: Mapping[str, Target] = field(default_factory=dict)  # per run (targets.py)
+    alpha: float = 0.0  # the time model's per-message latency (timemodel.py)
 
     def run(self, name: str) -> Run:
         for run in self.runs:
@@ -114,13 +122,15 @@ def parse_experiment(data: Mapping[str, Any], *, source: str = "experiment",
     name = data.get("name") or Path(source).stem
     return Experiment(name=str(name), runs=tuple(runs),
                       target_loss=None if target is None else float(target),
-                      baselines=baselines, smooth=smooth, source=dict(data))
+                      baselines=baselines, smooth=smooth, source=dict(data),
+                      targets=run_targets(data, source),
+                      alpha=time_model_alpha(data.get("time_model"), f"{source}: time_model"))
 
 
 def _run(name: str, top: Mapping[str, Any], train: Mapping[str, Any], item: Mapping[str, Any],
          where: str, base_dir: Path) -> Run:
     fields = list(TrainConfig.__dataclass_fields__)
-    check_fields(item, ("name", *_PLACEMENT, *fields), where)
+    check_fields(item, ("name", "target", *_PLACEMENT, *fields), where)
     merged = dict(train)
     for key, value in item.items():
         if key in fields:

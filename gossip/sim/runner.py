@@ -31,6 +31,7 @@ from gossip.training.synchronous import Trainer, runner
 
 log = logging.getLogger("gossip.sim")
 PROBES = ("exchange", "oracle")
+SIZE_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class Simulation:
             peers.
         sizes_only: Replay the strategy's message sizes without payloads or math
             (gossip/sim/sizes.py).
+        params: With ``sizes_only``: the synchronized tensor's elements, instead of the
+            task model's (a model whose code is not needed: only its parameter count).
+        dtype: With ``sizes_only``: that tensor's element type (``float16`` models a model
+            sent as half precision), instead of the task model's.
     """
 
     network: NetworkModel = field(default_factory=NetworkModel)
@@ -54,9 +59,21 @@ class Simulation:
     kills: Mapping[int, float] = field(default_factory=dict)
     probe: str = "exchange"
     sizes_only: bool = False  # replay message sizes without the math (gossip/sim/sizes.py)
+    params: int | None = None
+    dtype: str | None = None
 
     def check(self, size: int) -> None:
         self.network.check_ranks(size)
+        if (self.params is not None or self.dtype is not None) and not self.sizes_only:
+            raise ConfigError("simulate: params and dtype are for sizes_only runs (a full "
+                              "simulation runs the task's model)")
+        if self.params is not None and (not isinstance(self.params, int)
+                                        or isinstance(self.params, bool) or self.params < 1):
+            raise ConfigError(f"simulate: params: expected a positive integer, got "
+                              f"{self.params!r}")
+        if self.dtype is not None and self.dtype not in SIZE_DTYPES:
+            raise ConfigError(f"simulate: dtype: {self.dtype!r} is not one of "
+                              f"{', '.join(SIZE_DTYPES)}")
         if self.probe not in PROBES:
             raise ConfigError(f"--probe {self.probe!r}: expected one of {', '.join(PROBES)}")
         for rank, when in self.kills.items():
@@ -70,13 +87,14 @@ class Simulation:
                   rate: str | None = None) -> Simulation:
         """From an experiment's ``simulate:`` value: ``true`` or a mapping of the network
         model's fields plus ``compute`` (model, measured[:FACTOR]), ``probe``,
-        ``sizes_only`` and ``kills`` (``{rank: seconds}``); ``rate`` (the run's netns rate)
+        ``sizes_only`` (with ``params``, ``dtype``) and ``kills`` (``{rank: seconds}``);
+        ``rate`` (the run's netns rate)
         is the default link rate."""
         data = {} if data is True or data is None else data
         if not isinstance(data, Mapping):
             raise ConfigError(f"simulate: expected true or a mapping, got {data!r}")
         network = {k: v for k, v in data.items()
-                   if k not in ("compute", "probe", "kills", "sizes_only")}
+                   if k not in ("compute", "probe", "kills", "sizes_only", "params", "dtype")}
         if rate is not None:
             network.setdefault("rate", rate)
         kills = data.get("kills") or {}
@@ -88,11 +106,14 @@ class Simulation:
         return cls(network=NetworkModel.from_dict(network),
                    compute=parse_compute(data.get("compute", "model")), kills=kills,
                    probe=data.get("probe", "exchange"),
-                   sizes_only=_flag(data.get("sizes_only", False)))
+                   sizes_only=_flag(data.get("sizes_only", False)),
+                   params=data.get("params"), dtype=data.get("dtype"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"network": self.network.to_dict(), "compute": self.compute.describe(),
-                "kills": dict(self.kills), "probe": self.probe, "sizes_only": self.sizes_only}
+                "kills": dict(self.kills), "probe": self.probe, "sizes_only": self.sizes_only,
+                **({"params": self.params} if self.params is not None else {}),
+                **({"dtype": self.dtype} if self.dtype is not None else {})}
 
 
 def _flag(value: Any) -> bool:

@@ -56,19 +56,25 @@ class SizesResult:
                 "wall_s": self.wall_s, "events": self.events, "max_rss_mb": self.max_rss_mb}
 
 
-def model_size(config: TrainConfig) -> tuple[int, torch.dtype]:
-    """Elements and dtype of the tensor the strategy synchronizes: the task's model, flat."""
+def model_size(config: TrainConfig, simulation=None) -> tuple[int, torch.dtype]:
+    """Elements and dtype of the tensor the strategy synchronizes: the task's model, flat,
+    or what ``simulation`` says (``params``, ``dtype``: no model is built for params)."""
+    params, dtype = (simulation.params, simulation.dtype) if simulation else (None, None)
+    if params is not None:
+        return params, getattr(torch, dtype or "float32")
+    if dtype is not None:
+        return model_size(config)[0], getattr(torch, dtype)
     torch.manual_seed(config.seed)
     model = create_task(config.task, seed=config.seed, **config.task_options).build_model()
     params = [p for p in model.parameters() if p.requires_grad]
     return sum(p.numel() for p in params), params[0].dtype
 
 
-def plans(config: TrainConfig, size: int) -> list[Iterable[Step]]:
-    """Every rank's plan (iterated once per round, see gossip/strategies/traffic.py);
-    ConfigError if the strategy has none."""
+def plans(config: TrainConfig, size: int, simulation=None) -> list[Iterable[Step]]:
+    """Every rank's plan (iterated once per round, see gossip/strategies/traffic.py) for
+    the tensor ``model_size`` says; ConfigError if the strategy has none."""
     cls, options = config.spec.cls, config.spec.options
-    numel, dtype = model_size(config)
+    numel, dtype = model_size(config, simulation)
     found = [cls.traffic(rank, size, numel, dtype, options) for rank in range(size)]
     if found[0] is None:
         raise ConfigError(f"--sizes-only: strategy {config.strategy!r} has no traffic plan "
@@ -184,7 +190,7 @@ def simulate_sizes(config: TrainConfig, topology, simulation,
     simulation.check(size)
     config.delays.check_ranks(size)
     started = time.perf_counter()
-    found = plans(config, size)
+    found = plans(config, size, simulation)
     if run_dir is not None:
         write_run_dir(config, topology, Path(run_dir), simulation, extra_config)
     with tqdm(total=config.rounds * size, unit="round", desc=progress,

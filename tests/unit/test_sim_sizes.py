@@ -131,3 +131,27 @@ def test_a_plans_message_sizes_are_the_codecs_at_every_msgpack_width(number):
                                       rank)
         assert message_bytes(rank, "k.x", meta, [(torch.float32, numel), (torch.uint8, 3)]) == \
             len(header) + sum(f.numel() for f in frames)
+
+
+def test_sizes_only_takes_a_parameter_count_and_dtype_instead_of_the_model():
+    """A model known by its parameter count alone (workloads-sim.yaml): the ring sends
+    2(P-1)/P of it per peer, in the given dtype's bytes, plus the headers."""
+    config = TrainConfig.from_dict({"strategy": "ring-allreduce", "rounds": 1})
+    sizes = {}
+    for dtype in ("float32", "float16"):
+        simulation = Simulation.from_dict({"sizes_only": True, "params": 1_000_000,
+                                           "dtype": dtype, "rate": "1gbit"})
+        sent = simulate_sizes(config, Topology.generate("ring", 4), simulation).bytes_sent
+        sizes[dtype] = sum(sent.values())
+    payload = 4 * 2 * 3 / 4 * 1_000_000  # 4 peers, 2(P-1)/P of the model each
+    assert payload * 4 < sizes["float32"] < payload * 4 + 4 * 6 * 200  # + headers
+    assert payload * 2 < sizes["float16"] < payload * 2 + 4 * 6 * 200
+    assert Simulation.from_dict({"sizes_only": True, "params": 5}).to_dict()["params"] == 5
+
+
+def test_params_and_dtype_are_checked():
+    for data, culprit in (({"params": 5}, "params and dtype are for sizes_only runs"),
+                          ({"sizes_only": True, "params": 0}, "params: expected a positive"),
+                          ({"sizes_only": True, "dtype": "int8"}, "dtype: 'int8' is not one")):
+        with pytest.raises(ConfigError, match=culprit):
+            Simulation.from_dict(data).check(4)
