@@ -63,6 +63,11 @@ class TrainConfig(Options):
     seed: int = option(0, "Seeds data split, model init and batches; equal on all peers.")
     eval_every: int = option(25, "Rounds between consensus measurements (and at the last "
                                  "round).", check=at_least(1))
+    test_every: int = option(1, "Rounds between the test-set scores of each peer's model "
+                                "(accuracy, and loss and perplexity where the task has them) "
+                                "in its records (and at the last round); the others leave "
+                                "them empty. Scoring costs compute: a larger model's run "
+                                "spends less time on it.", check=at_least(1))
     timeout: float = option(
         TIMEOUT_S, "Seconds to wait for a peer's message (ps and adpsgd wait as long as the "
                    "peer is alive: until this long without a message or a heartbeat).",

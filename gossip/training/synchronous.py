@@ -205,7 +205,9 @@ class Trainer:
         after its step."""
         sent, received = (new + old for new, old in zip(algorithm_bytes(after),
                                                         self.bytes_counted))
-        scores = self.task.scores(*evaluate(self.model, self.task.test, self.task.loss_fn))
+        scores = dict.fromkeys(self.task.metrics)  # None: not scored this round
+        if round % self.config.test_every == 0 or round == self.config.rounds - 1:
+            scores = self.task.scores(*evaluate(self.model, self.task.test, self.task.loss_fn))
         done = work.minibatches
         return Record(
             round=round, time=self.clock.monotonic() - self.started, wall=self.clock.time(),

@@ -47,6 +47,15 @@ def test_train_writes_one_record_per_round_timed_on_the_peer_clock(tmp_path):
     assert lines[0]["consensus"] == 0.0 and lines[0]["avg_accuracy"] == lines[0]["accuracy"]
 
 
+def test_test_every_scores_the_model_in_its_rounds_and_the_last():
+    config = dataclasses.replace(CONFIG, rounds=5, test_every=3)
+    with virtual_peer(ManualClock()) as peer:
+        lines = []
+        train(peer, config, on_round=lines.append)
+    assert [line["accuracy"] is None for line in lines] == [False, True, True, False, False]
+    assert all(0 <= line["accuracy"] <= 1 for line in lines if line["accuracy"] is not None)
+
+
 def test_each_phase_on_its_own():
     clock = ManualClock()
     with virtual_peer(clock) as peer:
