@@ -141,7 +141,7 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
 
 #: Per-round metrics a target may name besides the smoothed training ``loss``: the mean over
 #: the peers of that record field (a task's own evaluation metrics, where it records them).
-RECORDED = ("accuracy", "avg_accuracy", "eval_loss", "perplexity")
+RECORDED = ("accuracy", "avg_accuracy", "test_loss", "perplexity")
 
 
 def _per_record(peers: list[list[dict]]) -> tuple[dict, dict, dict]:

@@ -3,7 +3,7 @@ the baseline arm of the same setting (task, its options, peers and link rate).
 
 ```yaml
 target: {metric: accuracy, fraction: 0.95}   # 95 % of the baseline's final value (median)
-target: {metric: eval_loss, margin: 0.05}    # the baseline's final value + 0.05
+target: {metric: test_loss, margin: 0.05}    # the baseline's final value + 0.05
 target: {metric: accuracy, value: 0.9}       # an absolute level
 ```
 

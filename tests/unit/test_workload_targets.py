@@ -155,10 +155,10 @@ def test_target_and_time_model_errors_name_the_field():
     spec = parse_experiment({**base, "target": {"metric": "accuracy", "fraction": 0.95},
                              "time_model": {"alpha": 0.0002},
                              "runs": [{"name": "cnn"},
-                                      {"name": "lm", "target": {"metric": "eval_loss",
+                                      {"name": "lm", "target": {"metric": "test_loss",
                                                                 "margin": 0.05}}]})
     assert spec.targets == {"cnn": Target(fraction=0.95),
-                            "lm": Target(metric="eval_loss", margin=0.05)}
+                            "lm": Target(metric="test_loss", margin=0.05)}
     assert spec.alpha == 0.0002
 
 
