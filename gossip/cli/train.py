@@ -85,7 +85,8 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
               send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
               attack=config.attack.for_rank(rank, seed=config.seed),
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
-              rendezvous=meeting.rendezvous) as node:
+              rendezvous=meeting.rendezvous, elastic=config.elastic,
+              min_peers=config.min_peers) as node:
         agreed = meeting.settle(node, run_dir, config, checkpoint_path)
         if agreed is not None:
             resume, resumed = True, f" resumed from the checkpoint of round {agreed}"
