@@ -233,6 +233,17 @@ class Peer:
                 endpoint=moved)
         return self.round
 
+    def leave(self) -> None:
+        """Leave the run after the rounds this peer completed, without being counted dead:
+        in an elastic run the others agree on a view without it from the next round; gossip
+        strategies drop it at its goodbye (leaving the ``with`` block says it). Then leave
+        the ``with`` block."""
+        if self.strategy is None:
+            raise PeerNotOpen("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+        if self.elastic:
+            with self.communicating():
+                self.strategy.leave()
+
     @property
     def clock(self):
         """The transport's clock: every time read and sleep of this peer's training."""

@@ -13,6 +13,11 @@ completed; the view says which round comes next:
 
 Never both, so every survivor's results stay bitwise equal. The round's input is left as it
 came (the strategy writes into a buffer of its own), so a redo starts from it again.
+
+A member that leaves (``leave``) tells the others after its last round; they count it gone
+from the next round on (not dead) and agree on a view without it the same way. Before a
+member closes (``finish``) it runs one more round of one element with the others: a member
+still in the last round when a peer died then finds its donor there.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class ElasticRounds:
         self.adopt_kind = f"{inner.options.tag}.{ADOPT}"
         self.kept: tuple[int, torch.Tensor] | None = None  # (round, its result)
         self.recovered: dict[int, str] = {}  # round -> "adopted" (from a donor) or "redone"
+        self.left = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -80,6 +86,20 @@ class ElasticRounds:
         if out is None:
             return result.clone()
         return out.copy_(result.view_as(out))
+
+    def leave(self) -> None:
+        """Leave after the last round completed here: the others go on without this member
+        from the next round, without counting it dead."""
+        self.epochs.leave(-1 if self.kept is None else self.kept[0])
+        self.left = True
+
+    def finish(self) -> None:
+        """A last round of one element with every member (see the module docstring)."""
+        self.inner.finish()
+        if self.left or self.kept is None:
+            return
+        last, result = self.kept
+        self.synchronize(torch.zeros(1, dtype=result.dtype), last + 1)
 
     def _give(self, view: View) -> None:
         """As the view's donor: send the round it adopts to the members that had not

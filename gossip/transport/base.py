@@ -84,7 +84,8 @@ class Transport(ABC):
             rank=rank, size=size, clock=self.clock, describe=self.describe, send=self.send,
             resend=self._send_encoded, wait=self.inbox.wait, never_reached=self._never_reached,
             restarted=self._restarted, discard_before=self.inbox.pending.discard_before,
-            moved=self._moved, departed=lambda: self.departed))
+            moved=self._moved, departed=lambda: self.departed,
+            farewell=lambda dst: self.send(dst, Message(kind=BYE, round=-1))))
         self.waits = Waits(rank, self.send)  # a lockstep wait on a live peer, deadlocks
         self._sends = SendWatch(rank=rank, clock=self.clock, timeout=timeout,
                                 describe=self.describe, check=self._check_delivery)

@@ -13,6 +13,9 @@ inside the transport, never returned by ``recv``):
   (``lc``) and the members it knows gone.
 * ``ctl.view {e, members, round, acks}``: the coordinator's decision, sent to every member of
   the new view.
+* ``ctl.leave {round}``: the sender completed ``round`` and leaves (``leave``): from the next
+  round on it counts as gone, but not as dead; the receiver says goodbye to it at once (it
+  needs nothing more from it, and the leaver waits for its contacts' goodbyes).
 
 The coordinator is the lowest id of the installed view not known gone, a rule every member
 computes from the same evidence (``ctl.gone`` reaches every survivor). It decides once it has a
@@ -38,8 +41,8 @@ from gossip.transport.message import Message
 
 log = logging.getLogger("gossip.transport")
 
-STATE, VIEW = "ctl.state", "ctl.view"
-KINDS = frozenset({STATE, VIEW})
+STATE, VIEW, LEAVE = "ctl.state", "ctl.view", "ctl.leave"
+KINDS = frozenset({STATE, VIEW, LEAVE})
 WAKE_S = 0.05  # how often a member waiting for a view looks whether its coordinator died
 
 
@@ -96,16 +99,22 @@ class Epochs:
         gone: The ids known dead or departed (first-hand or reported).
         describe: How to name an id in an error.
         clock: Time reads of the waits.
+        farewell: ``farewell(id)``: say goodbye to a member that leaves.
     """
 
     def __init__(self, rank: int, members, *, min_peers: int, send: Callable[[int, Message], None],
                  wait: Callable[[float], bool], gone: Callable[[], set[int]],
-                 describe: Callable[[int], str], clock):
+                 describe: Callable[[int], str], clock,
+                 farewell: Callable[[int], None] = lambda member: None):
         self.rank, self.min_peers = rank, min_peers
         self.view = View(0, tuple(sorted(members)))
+        self.history = [self.view]  # every view installed here, in order
+        self.leaving: dict[int, int] = {}  # member -> the last round it runs
+        self._farewell = farewell
         self.stale = 0  # messages of older epochs dropped (strategies count them here)
         self.agreements = 0  # views this member decided as coordinator
-        self._send, self._wait, self._gone = send, wait, gone
+        self._send, self._wait = send, wait
+        self._gone = lambda: gone() | set(self.leaving)
         self._describe, self._clock = describe, clock
         self._states: dict[int, Mapping] = {}  # the coordinator's: member -> its ctl.state
         self._offered: View | None = None  # a newer view from a live coordinator, not yet taken
@@ -115,6 +124,9 @@ class Epochs:
     def validate(msg: Message) -> None:
         """Raise ValueError or TypeError naming what is wrong with ``msg``'s meta."""
         meta = msg.meta
+        if msg.kind == LEAVE:
+            _ints(meta, "round")
+            return
         _ints(meta, "e")
         members = meta.get("members")
         if not isinstance(members, list) or not members or not all(_is_int(m) for m in members):
@@ -137,6 +149,12 @@ class Epochs:
         if msg.kind == STATE:
             self._states[msg.src] = meta
             return
+        if msg.kind == LEAVE:
+            self.leaving[msg.src] = meta["round"]
+            log.warning("rank %d: %s leaves after round %d", self.rank,
+                        self._describe(msg.src), meta["round"])
+            self._farewell(msg.src)
+            return
         view = View(meta["e"], tuple(sorted(meta["members"])), meta["round"],
                     {m: lc for m, lc in meta["acks"]})
         if msg.src in self._gone() or view.epoch <= self.view.epoch:
@@ -145,6 +163,17 @@ class Epochs:
             return
         if self._offered is None or view.epoch > self._offered.epoch:
             self._offered = view
+
+    def gone_for(self, round: int | None) -> list[int]:
+        """Members that left before ``round`` (any round, for None), sorted."""
+        return sorted(m for m, last in self.leaving.items()
+                      if m in self.view.members and (round is None or round > last))
+
+    def leave(self, last: int) -> None:
+        """This member completed round ``last`` and leaves: tell every other member."""
+        for dst in self.view.members:
+            if dst != self.rank and dst not in self._gone():
+                self._send(dst, Message(LEAVE, max(last, 0), meta={"round": last}))
 
     # -- agreement ------------------------------------------------------------------------------
     def reform(self, completed: int, timeout: float) -> View:
@@ -211,6 +240,7 @@ class Epochs:
         log.warning("rank %d: view %d: %d peer(s) %s from round %d", self.rank, view.epoch,
                     view.size, list(view.members), view.round)
         self.view = view
+        self.history.append(view)
         self._states.clear()
         return view
 

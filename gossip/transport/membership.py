@@ -72,6 +72,7 @@ class Network:
         discard_before: ``discard_before(round)``: drop the kept messages of earlier rounds.
         moved: ``moved(rank, endpoint)``: ``rank`` restarted at a new address.
         departed: The ranks that said goodbye (an elastic view goes on without them).
+        farewell: ``farewell(rank)``: say goodbye to ``rank`` now (it leaves an elastic run).
     """
 
     rank: int
@@ -86,6 +87,7 @@ class Network:
     discard_before: Callable[[int], Any]
     moved: Callable[[int, str], None] = lambda rank, endpoint: None
     departed: Callable[[], set[int]] = set
+    farewell: Callable[[int], None] = lambda rank: None
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ class Membership:
             self.epochs = Epochs(
                 net.rank, range(net.size or 1), min_peers=min_peers, send=self._send_message,
                 wait=net.wait, gone=lambda: set(self.lost) | set(net.departed()),
-                describe=net.describe, clock=net.clock)
+                describe=net.describe, clock=net.clock, farewell=net.farewell)
         return self.epochs
 
     def _counted(self) -> list[int]:
@@ -181,6 +183,11 @@ class Membership:
             counted = self._counted()
             if counted:
                 raise self._gone(self.lost[counted[0]], kind, round)
+            left = self.epochs.gone_for(round) if self.epochs is not None else []
+            if left:
+                raise PeerGone(f"rank {self._net.rank}: {self._net.describe(left[0])} left the "
+                               f"run after round {self.epochs.leaving[left[0]]} (waiting for "
+                               f"{kind} of round {round})", rank=left[0])
 
     def check_delivery(self, dst: int, kind: str) -> None:
         """Raise if a message sent to ``dst`` will never be read (for Delivery.wait)."""
