@@ -261,6 +261,13 @@ class Peer:
         return not membership.lost and round > membership.skip_through
 
     @property
+    def view(self):
+        """In an elastic run, the view of the members this peer runs on now
+        (``gossip.transport.epochs.View``); None otherwise."""
+        epochs = self.transport.membership.epochs
+        return None if epochs is None else epochs.view
+
+    @property
     def lost_peers(self) -> dict[int, int]:
         """Peers lost so far (dead, or dropped this one), each with the round it was
         noticed in."""

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from gossip.errors import ConfigError, PeerGone
+from gossip.metrics import read_jsonl
 from gossip.peer import Peer
-from support import peer_once_all_bound
+from support import launch_and_kill, peer_once_all_bound
 
 DEAD_AFTER = 0.5
 TIMEOUT = 10.0
@@ -211,3 +212,26 @@ def test_strategies_that_cannot_survive_a_death_refuse_elastic(strategy, options
     text = str(info.value)
     assert "\n" not in text and text.startswith("--elastic with strategy ") \
         and "survives_death" in text, text
+
+
+@pytest.mark.slow
+def test_launch_of_8_ring_peers_survives_a_kill_9(tmp_path):
+    """The issue's target: kill -9 of 1 of 8 ring-allreduce peers mid-run; the other 7
+    finish every round with bitwise equal states (their per-round hashes), accuracy >= 0.9,
+    and the round of the death stalls at most dead_after + 2 s."""
+    rounds, victim, dead_after = 40, 3, 1.0
+    run_dir = tmp_path / "run"
+    launch, out, err, killed_after = launch_and_kill(
+        run_dir, peers=8, rounds=rounds, victim=victim, after=8,
+        flags=("--strategy", "ring-allreduce", "--elastic", "--tolerate-deaths", "1"))
+    assert launch.returncode == 0, err
+    survivors = [r for r in range(8) if r != victim]
+    records = {r: read_jsonl(run_dir / f"peer-{r}.jsonl") for r in survivors}
+    for rank in survivors:
+        assert [line["round"] for line in records[rank]] == list(range(rounds))
+        assert records[rank][-1]["accuracy"] >= 0.9
+        assert records[rank][-1]["epoch"] == 1
+    for round in range(rounds):
+        assert len({records[r][round]["state_hash"] for r in survivors}) == 1, round
+    gaps = [b["time"] - a["time"] for a, b in zip(records[0], records[0][1:])]
+    assert max(gaps) <= dead_after + 2.0, gaps

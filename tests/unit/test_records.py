@@ -18,7 +18,9 @@ SCHEMA = ["round", "time", "wall", "loss", "accuracy", "bytes_sent", "bytes_recv
 DEVICE = ["device_wait_s", "device_hold_s", "round_start_wall"]
 OVERLAP = ["exposed_comm_s", "comm_busy_s", "iter_s", "buckets"]
 ROBUST = ["robust_share", "robust_flagged"]
-OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness", *ROBUST]  # when set
+ELASTIC = ["epoch", "state_hash"]
+OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness", *ROBUST,
+            *ELASTIC]  # when set
 
 
 def record(round: int = 3, **changes) -> Record:
@@ -44,6 +46,7 @@ def test_optional_fields_appear_only_when_set():
     assert list(shared) == SCHEMA + DEVICE and shared["device_wait_s"] == 0.0
     assert list(record(staleness=0).as_dict()) == SCHEMA + ["staleness"]  # s > 0: even 0
     assert list(record(robust_share=0.0, robust_flagged=0).as_dict()) == SCHEMA + ROBUST
+    assert list(record(epoch=0, state_hash="00").as_dict()) == SCHEMA + ELASTIC
 
 
 @pytest.mark.parametrize("changes", [{}, {"resumed_from": 7}, {"staleness": 2},
