@@ -100,6 +100,7 @@ class Peer:
             raise ConfigError(f"attack must be a gossip.attacks.Attack, got {attack!r}")
         self.attack = None if attack is None else attack.resolved(rank, topology.size)
         self.elastic, self.min_peers = elastic, min_peers
+        self.leave_requested = False  # request_leave: the training loop leaves after its round
         self.rank = rank
         self.topology = topology
         self.timeout = timeout
@@ -233,6 +234,11 @@ class Peer:
                 endpoint=moved)
         return self.round
 
+    def request_leave(self) -> None:
+        """Ask the training loop to leave after the round under way (safe from a signal
+        handler: it only sets ``leave_requested``)."""
+        self.leave_requested = True
+
     def leave(self) -> None:
         """Leave the run after the rounds this peer completed, without being counted dead:
         in an elastic run the others agree on a view without it from the next round; gossip
@@ -256,9 +262,10 @@ class Peer:
 
     def all_peers_can_meet(self, round: int) -> bool:
         """Whether an exchange among all peers (an all-reduce) can run in ``round``: no peer
-        is known lost, and no rejoin abandoned that round."""
+        is known lost, none left an elastic run, and no rejoin abandoned that round."""
         membership = self.transport.membership
-        return not membership.lost and round > membership.skip_through
+        everyone = membership.epochs is None or membership.epochs.view.size == self.topology.size
+        return not membership.lost and round > membership.skip_through and everyone
 
     @property
     def view(self):

@@ -143,6 +143,10 @@ class Trainer:
             if (self.checkpoint_path is not None and self.config.checkpoint_every
                     and (round + 1) % self.config.checkpoint_every == 0):
                 self.checkpoint(record)
+            if self.peer.leave_requested and round < self.config.rounds - 1:
+                log.warning("rank %d: leaving after round %d, as asked", self.peer.rank, round)
+                self.peer.leave()
+                break
         return record
 
     def train_round(self, round: int) -> Record:

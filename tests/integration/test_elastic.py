@@ -7,6 +7,7 @@ the others: see test_dead_peers.py), at a chosen message of a chosen round.
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import pytest
@@ -235,3 +236,27 @@ def test_launch_of_8_ring_peers_survives_a_kill_9(tmp_path):
         assert len({records[r][round]["state_hash"] for r in survivors}) == 1, round
     gaps = [b["time"] - a["time"] for a, b in zip(records[0], records[0][1:])]
     assert max(gaps) <= dead_after + 2.0, gaps
+
+
+@pytest.mark.slow
+def test_launch_a_peer_sent_sigterm_leaves_and_the_run_succeeds(tmp_path):
+    """SIGTERM to an elastic peer: it finishes its round, leaves, exits 0; the others go on
+    from the next round without counting it dead, and the launch exits 0 with no budget of
+    tolerated deaths."""
+    rounds, leaver = 30, 2
+    run_dir = tmp_path / "run"
+    launch, out, err, _ = launch_and_kill(
+        run_dir, peers=5, rounds=rounds, victim=leaver, after=6, sig=signal.SIGTERM,
+        flags=("--strategy", "ring-allreduce", "--elastic"))
+    assert launch.returncode == 0, (out, err)
+    left = read_jsonl(run_dir / f"peer-{leaver}.jsonl")
+    assert 6 <= len(left) < rounds
+    stayed = [r for r in range(5) if r != leaver]
+    records = {r: read_jsonl(run_dir / f"peer-{r}.jsonl") for r in stayed}
+    for rank in stayed:
+        assert [line["round"] for line in records[rank]] == list(range(rounds))
+        assert records[rank][-1]["lost_peers"] == {} and records[rank][-1]["epoch"] == 1
+    for round in range(rounds):
+        assert len({records[r][round]["state_hash"] for r in stayed}) == 1, round
+    # the leaver's last round is the others' too
+    assert left[-1]["state_hash"] == records[stayed[0]][len(left) - 1]["state_hash"]

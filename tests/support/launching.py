@@ -1,4 +1,5 @@
-"""`gossip launch` with one peer SIGKILLed mid-run (tests of dead peers and elastic runs)."""
+"""`gossip launch` with one peer SIGKILLed (or sent another signal) mid-run: tests of dead
+peers and elastic runs."""
 
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def pid_of_rank(launch_pid: int, rank: int) -> int | None:
 
 
 def launch_and_kill(run_dir: Path, *, peers: int, rounds: int, victim: int, after: int,
-                     flags: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str, int]:
-    """`gossip launch` whose rank ``victim`` is SIGKILLed once it recorded ``after`` rounds:
+                     flags: tuple[str, ...] = (),
+                    sig: int = signal.SIGKILL) -> tuple[subprocess.Popen, str, str, int]:
+    """`gossip launch` whose rank ``victim`` gets ``sig`` once it recorded ``after`` rounds:
     the finished launcher, its output and error, and the rounds the victim had recorded."""
     launch = subprocess.Popen(
         [sys.executable, "-m", "gossip", "launch", "--peers", str(peers), "--rounds",
@@ -48,7 +50,7 @@ def launch_and_kill(run_dir: Path, *, peers: int, rounds: int, victim: int, afte
                 launch.pid, victim)
 
         os.kill(wait_until(victim_under_way, 90, f"the victim to get {after} rounds in"),
-                signal.SIGKILL)
+                sig)
         killed_after = len(read_jsonl(run_dir / f"peer-{victim}.jsonl"))
         out, err = launch.communicate(timeout=120)
     finally:
