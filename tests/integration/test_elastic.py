@@ -103,15 +103,22 @@ def check_survivors(outcome, x, survivors, *, dies: int, size: int, redone: bool
                                              atol=1e-12))
 
 
-@pytest.mark.parametrize("sends", [s if s % 2 == 0 else pytest.param(s, marks=pytest.mark.slow)
-                                   for s in range(0, 9)])
-def test_ring_survivors_agree_after_a_death_at_each_step(sends, local_topology, run_peers):
-    """P = 5: the victim dies after each of its 2(P-1) messages of round 2 (0: between
-    rounds; up to P-1 in the reduce-scatter, so nobody can complete the round); every
-    survivor adopts or redoes that round alike."""
-    size, victim, dies, rounds = 5, 2, 2, 5
+def _cases():
+    """(P, victim, round it dies in, messages of it sent first): P = 5 at each of its 2(P-1)
+    messages (0: between rounds; up to P-1 in the reduce-scatter, so nobody can complete the
+    round), P = 8 at a few; the others slow."""
+    for sends in range(9):
+        yield pytest.param(5, 2, 2, sends, marks=[pytest.mark.slow] if sends % 2 else [])
+    for sends in (0, 3, 7, 10, 14):
+        yield pytest.param(8, 3, 1, sends, marks=[pytest.mark.slow] if sends >= 10 else [])
+
+
+@pytest.mark.parametrize("size, victim, dies, sends", _cases())
+def test_ring_survivors_agree_after_a_death_at_each_step(size, victim, dies, sends,
+                                                         local_topology, run_peers):
+    """Every survivor adopts or redoes the round of the death alike, and they go on."""
     topology = local_topology("ring", size)
-    outcome, peers, x = run_elastic(run_peers, topology, rounds=rounds,
+    outcome, peers, x = run_elastic(run_peers, topology, rounds=dies + 3,
                                     kills={victim: (dies, sends)})
     survivors = [r for r in range(size) if r != victim]
     check_survivors(outcome, x, survivors, dies=dies, size=size, redone=sends < size)
@@ -128,18 +135,6 @@ def assert_one_view(peers, survivors, dies):
     how = {peers[r].strategy.recovered.get(dies, "completed") for r in survivors}
     assert how in ({"completed"}, {"completed", "adopted"}, {"redone"}), how
     return how
-
-
-@pytest.mark.parametrize("sends", [0, 3, 7, pytest.param(10, marks=pytest.mark.slow),
-                                   pytest.param(14, marks=pytest.mark.slow)])
-def test_ring_of_8_survivors_agree_after_a_death(sends, local_topology, run_peers):
-    size, victim, dies, rounds = 8, 3, 1, 4
-    topology = local_topology("ring", size)
-    outcome, peers, x = run_elastic(run_peers, topology, rounds=rounds,
-                                    kills={victim: (dies, sends)})
-    survivors = [r for r in range(size) if r != victim]
-    check_survivors(outcome, x, survivors, dies=dies, size=size, redone=sends < size)
-    assert_one_view(peers, survivors, dies)
 
 
 @pytest.mark.parametrize("kills", [{1: (1, 0), 4: (1, 0)}, {1: (1, 2), 4: (1, 5)},
