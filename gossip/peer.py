@@ -207,6 +207,9 @@ class Peer:
         self._check_transport_free("add a strategy")
         strategy = build(rank=self.rank, topology=self.topology, transport=self.transport)
         if self.elastic and self.strategy is None:  # the run's strategy, not a probe's
+            if not getattr(strategy, "survives_death", False):  # a factory's, known only now
+                raise ConfigError(f"--elastic with strategy {type(strategy).__name__}: it "
+                                  f"does not declare survives_death")
             strategy = ElasticRounds(strategy, self.transport.membership.epochs,
                                      timeout=self.timeout)
         self.transport.accept_kinds(strategy.kinds,

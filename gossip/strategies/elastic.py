@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from gossip.errors import CollectiveAborted, PeerGone, ProtocolError
+from gossip.strategies.base import Strategy
 from gossip.transport import Message
 from gossip.transport.epochs import Epochs, View
 
@@ -63,9 +64,8 @@ class ElasticRounds:
 
     def average_gradients(self, total: torch.Tensor, count: int, round: int, *,
                           out: torch.Tensor | None = None) -> torch.Tensor:
-        if count != 1:
-            total.mul_(1.0 / count)
-        return self.synchronize(total, round, out=out)
+        # the default's, calling this synchronize (the inner one's would call its own)
+        return Strategy.average_gradients(self, total, count, round, out=out)
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:

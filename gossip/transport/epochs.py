@@ -194,6 +194,7 @@ class Epochs:
                 return self._install(view)
             gone = self._gone()
             alive = [m for m in self.view.members if m not in gone]
+            self._check_enough(alive, self.view.members)
             coordinator = min(alive)
             state = {"e": self.view.epoch, "members": list(self.view.members), "lc": completed,
                      "lost": sorted(gone & set(self.view.members))}
@@ -225,13 +226,16 @@ class Epochs:
         if any(m not in states for m in members):
             return None
         acks = {m: states[m]["lc"] for m in members}
+        self._check_enough(members, base["members"])
+        return View(base["e"] + 1, tuple(members), max(acks.values()) + 1, acks)
+
+    def _check_enough(self, members, before) -> None:
+        """Raise PeerGone naming the gone if fewer than ``min_peers`` ``members`` are left."""
         if len(members) < self.min_peers:
-            dead = sorted(set(base["members"]) - set(members))
+            dead = sorted(set(before) - set(members))
             raise PeerGone(f"rank {self.rank}: {len(members)} peer(s) left, fewer than "
                            f"min_peers={self.min_peers}: "
-                           f"{', '.join(self._describe(m) for m in dead)} gone",
-                           rank=dead[0] if dead else None)
-        return View(base["e"] + 1, tuple(members), max(acks.values()) + 1, acks)
+                           f"{', '.join(self._describe(m) for m in dead)} gone", rank=dead[0])
 
     def _install(self, view: View) -> View:
         if self.rank not in view.members:

@@ -13,9 +13,10 @@ import threading
 import pytest
 import torch
 
-from gossip.errors import ConfigError, PeerGone
+from gossip.errors import ConfigError, PeerGone, PeerTimeout
 from gossip.metrics import read_jsonl
 from gossip.peer import Peer
+from gossip.transport import LoopbackHub, Message
 from support import launch_and_kill, peer_once_all_bound
 
 DEAD_AFTER = 0.5
@@ -278,3 +279,23 @@ def test_launch_a_peer_sent_sigterm_leaves_and_the_run_succeeds(tmp_path):
         assert len({records[r][round]["state_hash"] for r in stayed}) == 1, round
     # the leaver's last round is the others' too
     assert left[-1]["state_hash"] == records[stayed[0]][len(left) - 1]["state_hash"]
+
+
+def test_malformed_or_unasked_view_messages_are_rejected_not_obeyed():
+    hub = LoopbackHub(3)
+    t0, t1 = hub.transport(0), hub.transport(1)
+    t1.send(0, Message("ctl.view", 0, meta={"e": 1, "members": [0, 2], "round": 1, "acks": []}))
+    with pytest.raises(PeerTimeout):
+        t0.recv(timeout=0.05)
+    t0.membership.elastic(1)
+    t1.send(0, Message("ctl.view", 0, meta={"e": "1", "members": [0], "round": 1, "acks": []}))
+    t1.send(0, Message("ctl.state", 0, meta={"e": 0, "members": [0, 1], "lc": 0, "lost": "2"}))
+    t1.send(0, Message("ctl.leave", 0, meta={}))
+    t1.send(0, Message("ctl.view", 0, meta={"e": 0, "members": [0], "round": 1, "acks": []}))
+    with pytest.raises(PeerTimeout):
+        t0.recv(timeout=0.1)
+    assert [r.split(": bad meta: ")[1].rsplit(" (", 1)[0] for r in t0.stats.rejections] == [
+        "this peer runs no elastic views", "e='1' is not an int", "lost='2' is not a list of ids",
+        "round=None is not an int"]
+    epochs = t0.membership.epochs
+    assert epochs.view.epoch == 0 and epochs.view.members == (0, 1, 2) and not epochs.leaving
