@@ -16,7 +16,8 @@ Control messages (kinds accepted by every transport, handled inside it, never re
 * ``ctl.resume {round, skip}``: the restarted sender runs from ``round`` on; all-peer
   exchanges of rounds <= ``skip`` are abandoned everywhere (they mixed two incarnations).
   The receiver re-sends the messages it kept for the sender from ``round`` on.
-* ``ctl.state``, ``ctl.view``: an elastic run's agreement on its next view (epochs.py).
+* ``ctl.state``, ``ctl.view``, ``ctl.leave``: an elastic run's agreement on its next view,
+  and a member leaving it (epochs.py).
 
 What a recv raises follows from two sets: first-hand losses stop a recv from that very peer
 (``PeerGone``); any loss at all (also one only heard of) stops a recv of an all-peer kind.
