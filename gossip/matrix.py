@@ -76,7 +76,7 @@ def _survives(held: Capabilities) -> str | None:
     if not held.get("survives_death"):
         return ("it cannot go on without a dead peer on an agreed view (survives_death): "
                 "gossip strategies drop a dead neighbour without --elastic; all-reduce: "
-                "use ring-allreduce without a compressor")
+                "use ring-allreduce without a compressor, or topk-allgather")
     return None
 
 

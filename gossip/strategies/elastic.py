@@ -12,11 +12,15 @@ completed; the view says which round comes next:
 * a round nobody completed is redone by every survivor on the new view (the mean over them).
 
 Never both, so every survivor's results stay bitwise equal. The round's input is left as it
-came (the strategy writes into a buffer of its own), so a redo starts from it again.
+came (the strategy writes into a buffer of its own) and the strategy's state (a residual) is
+restored as it was before the round (``state_dict``), so a redo starts from them again; an
+adopted round keeps the state the interrupted one left (a strategy declares
+``survives_death`` only where that is the state of a completed round: its residual depends
+on its own input alone).
 
 A member that leaves (``leave``) tells the others after its last round; they count it gone
 from the next round on (not dead) and agree on a view without it the same way. Before a
-member closes (``finish``) it runs one more round of one element with the others: a member
+member closes (``finish``) it runs one more round (of zeros) with the others: a member
 still in the last round when a peer died then finds its donor there.
 """
 
@@ -69,6 +73,7 @@ class ElasticRounds:
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
+        saved = self.inner.state_dict()  # e.g. a residual: a redo starts from it again
         while True:
             try:
                 if self.view.round > round:  # some survivor completed it: take its result
@@ -81,6 +86,7 @@ class ElasticRounds:
                 self.inner.regroup(view.slot(self.epochs.rank), view.members, view.epoch)
                 self._give(view)
                 if view.round == round:
+                    self.inner.load_state_dict(saved)
                     self.recovered[round] = "redone"
         self.kept = (round, result)
         if out is None:
@@ -94,12 +100,15 @@ class ElasticRounds:
         self.left = True
 
     def finish(self) -> None:
-        """A last round of one element with every member (see the module docstring)."""
+        """A last round of zeros with every member (see the module docstring); the
+        strategy's state is left as the training's last round left it."""
         self.inner.finish()
         if self.left or self.kept is None:
             return
         last, result = self.kept
-        self.synchronize(torch.zeros(1, dtype=result.dtype), last + 1)
+        state = self.inner.state_dict()
+        self.synchronize(torch.zeros_like(result), last + 1)  # the strategy's own length
+        self.inner.load_state_dict(state)
 
     def _give(self, view: View) -> None:
         """As the view's donor: send the round it adopts to the members that had not

@@ -34,11 +34,12 @@ def inputs(size: int, rounds: int, n: int = 23) -> torch.Tensor:
 
 
 def run_elastic(run_peers, topology, *, rounds, kills, strategy="ring-allreduce",
-                **options):
+                after_round=None, **options):
     """Every peer runs ``synchronize(inputs[rank, round], round)``; ``kills`` maps a victim to
     ``(round, sends[, kind])``: it dies in that round once it sent ``sends`` messages of it
     (of ``kind``, if given; 0: before the round). Returns per rank its results (a ``[round, n]`` tensor, the rounds it
-    completed) or the exception that ended it, and each survivor's Peer."""
+    completed) or the exception that ended it, and each survivor's Peer.
+    ``after_round(rank, peer)`` is called after each round."""
     size = topology.size
     x = inputs(size, rounds)
     all_bound = threading.Barrier(size, timeout=TIMEOUT)
@@ -54,6 +55,8 @@ def run_elastic(run_peers, topology, *, rounds, kills, strategy="ring-allreduce"
                     if rank in kills and kills[rank][0] == round:
                         arm(peer, *kills[rank][1:])
                     results.append(peer.synchronize(x[rank, round], round).clone())
+                    if after_round is not None:
+                        after_round(rank, peer)
         except Killed:
             return None
         except PeerGone as exc:
@@ -299,3 +302,33 @@ def test_malformed_or_unasked_view_messages_are_rejected_not_obeyed():
         "round=None is not an int"]
     epochs = t0.membership.epochs
     assert epochs.view.epoch == 0 and epochs.view.members == (0, 1, 2) and not epochs.leaving
+
+
+@pytest.mark.parametrize("sends", [0, 2, pytest.param(3, marks=pytest.mark.slow)])
+def test_topk_allgather_survivors_agree_after_a_death(sends, local_topology, run_peers):
+    """At density 1 the exact mean, as the ring's; at density 0.3 (error feedback) bitwise
+    equal results, and from the round after the death on the survivors' mass is conserved:
+    their inputs plus old residuals == |survivors| * result + new residuals."""
+    size, victim, dies = 5, 1, 2
+    topology = local_topology("ring", size)
+    survivors = [r for r in range(size) if r != victim]
+    outcome, peers, x = run_elastic(run_peers, topology, rounds=dies + 3,
+                                    kills={victim: (dies, sends)},
+                                    strategy="topk-allgather", density=1.0)
+    check_survivors(outcome, x, survivors, dies=dies, size=size, redone=sends == 0)
+    assert_one_view(peers, survivors, dies)
+
+    residuals: dict[int, list] = {r: [] for r in range(size)}
+
+    def keep_residual(rank, peer):
+        residuals[rank].append(peer.strategy.residual.clone())
+
+    outcome, peers, x = run_elastic(run_peers, topology, rounds=dies + 3,
+                                    kills={victim: (dies, sends)}, strategy="topk-allgather",
+                                    density=0.3, after_round=keep_residual)
+    results = [outcome[r] for r in survivors]
+    assert all(torch.equal(result, results[0]) for result in results)
+    for round in range(dies + 1, dies + 3):
+        before = sum(x[r, round] + residuals[r][round - 1] for r in survivors)
+        after = len(survivors) * results[0][round] + sum(residuals[r][round] for r in survivors)
+        torch.testing.assert_close(before, after, rtol=1e-12, atol=1e-12)
