@@ -332,3 +332,15 @@ def test_topk_allgather_survivors_agree_after_a_death(sends, local_topology, run
         before = sum(x[r, round] + residuals[r][round - 1] for r in survivors)
         after = len(survivors) * results[0][round] + sum(residuals[r][round] for r in survivors)
         torch.testing.assert_close(before, after, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("sends", [3, 7])
+def test_a_death_in_the_last_round_is_recovered_at_close(sends, local_topology, run_peers):
+    """Members that completed the last round meet the others again in the closing round,
+    where the donor gives the last round to those behind (or all redo it)."""
+    size, victim, dies = 5, 2, 2
+    topology = local_topology("ring", size)
+    outcome, peers, x = run_elastic(run_peers, topology, rounds=dies + 1,
+                                    kills={victim: (dies, sends)})
+    survivors = [r for r in range(size) if r != victim]
+    check_survivors(outcome, x, survivors, dies=dies, size=size, redone=sends < size)
