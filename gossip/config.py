@@ -76,6 +76,12 @@ class TrainConfig(Options):
         DEAD_AFTER_S, "Declare a peer dead once its connection stayed broken this many seconds "
                       "(gossip drops it, all-reduce stops naming it); keep it below timeout.",
         check=_rule(lambda v: v > 0, "must be > 0"))
+    elastic: bool = option(
+        False, "Survive deaths: the survivors agree on a view of the members without the dead "
+               "peer and go on, every model bitwise equal (all-reduce strategies that declare "
+               "survives_death, e.g. ring-allreduce; others refuse it).")
+    min_peers: int = option(1, "With elastic: fewer peers left than this end the run.",
+                            check=at_least(1))
     checkpoint_every: int = option(
         0, "Write each peer's checkpoint every this many rounds (0: never); a peer restarted "
            "with `gossip peer --resume` rejoins from it (every peer then keeps its last "

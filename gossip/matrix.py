@@ -72,6 +72,14 @@ def _roles(held: Capabilities) -> str | None:
     return None
 
 
+def _survives(held: Capabilities) -> str | None:
+    if not held.get("survives_death"):
+        return ("it cannot go on without a dead peer on an agreed view (survives_death): "
+                "gossip strategies drop a dead neighbour without --elastic; all-reduce: "
+                "use ring-allreduce without a compressor, or topk-allgather")
+    return None
+
+
 def _anything(held: Capabilities) -> str | None:
     return None
 
@@ -88,6 +96,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("checkpoint", "checkpoint_every",
             _lockstep("a resumed job restarts at a round every peer reached")),
     Feature("cuda", "CUDA tensors", _anything),
+    Feature("elastic", "--elastic", _survives),
 )
 
 #: Pairs of modes that exclude each other whatever the strategy: (refused, in), why.
@@ -98,6 +107,11 @@ CONFLICTS: dict[tuple[str, str], str] = {
     ("checkpoint", "simulate"): "checkpoints and rejoins are not simulated (set it to 0)",
     ("arbiter", "simulate"): ("not simulated: the simulator models compute in virtual time, "
                               "there is no device to share"),
+    ("elastic", "simulate"): "not simulated yet: run it with gossip launch",
+    ("overlap", "elastic"): ("not with overlap yet: a bucket's round would be adopted or "
+                             "redone apart from the others'"),
+    ("checkpoint", "elastic"): ("not with checkpoints yet: a restarted peer's rejoin does not "
+                                "know the views agreed meanwhile"),
 }
 
 
@@ -170,6 +184,8 @@ def run_modes(config, topology=None, **more: bool) -> set[str]:
         modes.add("budgets")
     if config.checkpoint_every:
         modes.add("checkpoint")
+    if config.elastic:
+        modes.add("elastic")
     return modes | topology_modes(topology)
 
 

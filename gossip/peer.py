@@ -18,6 +18,7 @@ from gossip.rendezvous import Rendezvous
 from gossip.rendezvous.meet import meet, transport_args
 from gossip.stepping import LocalStep, Stepper
 from gossip.strategies import DEFAULT, STRATEGIES, Strategy
+from gossip.strategies.elastic import ElasticRounds
 from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
 from gossip.transport import DEAD_AFTER_S, TIMEOUT_S, Transport, ZmqTransport
 
@@ -59,12 +60,17 @@ class Peer:
             ``file:///PATH``) or a ``gossip.rendezvous.Rendezvous``. This peer binds an
             ephemeral port and publishes it; ``topology`` then needs the right size and
             graph only (its addresses become the peers' on entering).
+        elastic: Survive deaths (an all-peer strategy that declares ``survives_death``):
+            the survivors agree on a view of the members without the dead peer and go on
+            (gossip/strategies/elastic.py); others refuse it.
+        min_peers: In an elastic run, fewer members than this end it (PeerGone).
         **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce; ``compressor``
             may be a compressor's name (with its options, e.g. ``density``) or a Compressor.
 
     Raises:
-        ConfigError: unknown strategy or option, rank not in the topology, or a missing or
-            wrong secret key for a topology with keys.
+        ConfigError: unknown strategy or option, rank not in the topology, a missing or
+            wrong secret key for a topology with keys, or ``elastic`` with a strategy that
+            cannot survive a death.
     """
 
     def __init__(self, rank: int, topology, strategy=DEFAULT, *, timeout: float = TIMEOUT_S,
@@ -72,13 +78,16 @@ class Peer:
                  key_file: str | Path | None = None, dead_after: float = DEAD_AFTER_S,
                  keep_for_rejoin: bool = False, send_delay: float = 0.0,
                  comm_threads: int | None = None, rendezvous=None, attack: Attack | None = None,
-                 **options: Any):
+                 elastic: bool = False, min_peers: int = 1, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
         # The strategy's options parsed once, here, and the matrix checked now (overlap
         # builds one more strategy per bucket from this spec).
         self.builder = STRATEGIES.resolve(strategy, options)
-        check(self.builder, None, topology_modes(topology))
+        check(self.builder, None, topology_modes(topology) | ({"elastic"} if elastic else set()))
+        if not isinstance(min_peers, int) or not 1 <= min_peers <= topology.size:
+            raise ConfigError(f"min_peers must be an integer in 1..{topology.size} (the "
+                              f"topology's peers), got {min_peers!r}")
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         if dead_after <= 0:
@@ -90,6 +99,8 @@ class Peer:
         if attack is not None and not isinstance(attack, Attack):
             raise ConfigError(f"attack must be a gossip.attacks.Attack, got {attack!r}")
         self.attack = None if attack is None else attack.resolved(rank, topology.size)
+        self.elastic, self.min_peers = elastic, min_peers
+        self.leave_requested = False  # request_leave: the training loop leaves after its round
         self.rank = rank
         self.topology = topology
         self.timeout = timeout
@@ -121,6 +132,8 @@ class Peer:
                                           dead_after=self.dead_after).open()
         if self.keep_for_rejoin:
             self.transport.membership.keep_for_rejoin()
+        if self.elastic:
+            self.transport.membership.elastic(self.min_peers)
         if self.attack is not None:
             self.transport = Attacker(self.transport, self.attack, self.topology)
         try:
@@ -193,6 +206,12 @@ class Peer:
     def _add(self, build) -> Strategy:
         self._check_transport_free("add a strategy")
         strategy = build(rank=self.rank, topology=self.topology, transport=self.transport)
+        if self.elastic and self.strategy is None:  # the run's strategy, not a probe's
+            if not getattr(strategy, "survives_death", False):  # a factory's, known only now
+                raise ConfigError(f"--elastic with strategy {type(strategy).__name__}: it "
+                                  f"does not declare survives_death")
+            strategy = ElasticRounds(strategy, self.transport.membership.epochs,
+                                     timeout=self.timeout)
         self.transport.accept_kinds(strategy.kinds,
                                     receiver_checks_finite=strategy.checks_own_result)
         if strategy.needs_every_peer:  # one dead peer stops its rounds everywhere
@@ -218,6 +237,22 @@ class Peer:
                 endpoint=moved)
         return self.round
 
+    def request_leave(self) -> None:
+        """Ask the training loop to leave after the round under way (safe from a signal
+        handler: it only sets ``leave_requested``)."""
+        self.leave_requested = True
+
+    def leave(self) -> None:
+        """Leave the run after the rounds this peer completed, without being counted dead:
+        in an elastic run the others agree on a view without it from the next round; gossip
+        strategies drop it at its goodbye (leaving the ``with`` block says it). Then leave
+        the ``with`` block."""
+        if self.strategy is None:
+            raise PeerNotOpen("Peer is not open: use 'with gossip.Peer(...) as peer:'")
+        if self.elastic:
+            with self.communicating():
+                self.strategy.leave()
+
     @property
     def clock(self):
         """The transport's clock: every time read and sleep of this peer's training."""
@@ -230,9 +265,17 @@ class Peer:
 
     def all_peers_can_meet(self, round: int) -> bool:
         """Whether an exchange among all peers (an all-reduce) can run in ``round``: no peer
-        is known lost, and no rejoin abandoned that round."""
+        is known lost, none left an elastic run, and no rejoin abandoned that round."""
         membership = self.transport.membership
-        return not membership.lost and round > membership.skip_through
+        everyone = membership.epochs is None or membership.epochs.view.size == self.topology.size
+        return not membership.lost and round > membership.skip_through and everyone
+
+    @property
+    def view(self):
+        """In an elastic run, the view of the members this peer runs on now
+        (``gossip.transport.epochs.View``); None otherwise."""
+        epochs = self.transport.membership.epochs
+        return None if epochs is None else epochs.view
 
     @property
     def lost_peers(self) -> dict[int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -85,7 +86,10 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
               send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
               attack=config.attack.for_rank(rank, seed=config.seed),
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
-              rendezvous=meeting.rendezvous) as node:
+              rendezvous=meeting.rendezvous, elastic=config.elastic,
+              min_peers=config.min_peers) as node:
+        if config.elastic:
+            _leave_on_sigterm(node)
         agreed = meeting.settle(node, run_dir, config, checkpoint_path)
         if agreed is not None:
             resume, resumed = True, f" resumed from the checkpoint of round {agreed}"
@@ -107,6 +111,15 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
     click.echo(f"peer {rank}: loss {last['loss']:.4f}{test} accuracy {last['accuracy']:.4f} "
                f"bytes_sent {last['bytes_sent']} bytes_recv {last['bytes_recv']} "
                f"time {last['time']:.1f}s metrics {metrics_path}{lost}{resumed}")
+
+
+def _leave_on_sigterm(node) -> None:
+    """An elastic peer's first SIGTERM: finish the round under way, leave (the others go on
+    without counting it dead), exit 0; a second one ends it at once."""
+    def leave(signum, frame):
+        node.request_leave()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, leave)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
 CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "symmetric_exchange",
                 "needs_every_peer",
-                "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
+                "survives_death", "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
                 "plans_rounds", "keeps_tensor", "serves_roles", "wraps")
 #: The strategy a peer runs when none is named.
 DEFAULT = "dpsgd"
@@ -86,6 +86,10 @@ class Strategy(ABC):
     #: Every round needs every peer (an all-reduce): one dead peer stops it everywhere, so
     #: the transport stops its messages' waits as soon as any peer is known lost.
     needs_every_peer: ClassVar[bool] = False
+    #: In an elastic run (``Peer(elastic=True)``) the survivors of a death agree on a view
+    #: without it and go on: ``regroup(slot, members, epoch)`` moves the strategy onto it,
+    #: and a round it interrupted is adopted or redone (gossip/strategies/elastic.py).
+    survives_death: ClassVar[bool] = False
     #: A peer restarted from a checkpoint can rejoin a running job (``rejoin_round``).
     can_rejoin: ClassVar[bool] = False
     #: Peers run in lockstep rounds: a round waits for the neighbours' messages of it. An

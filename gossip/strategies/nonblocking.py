@@ -85,7 +85,7 @@ class NonBlocking(Strategy):
     def capabilities_for(cls, options: NonBlockingOptions) -> dict[str, Any]:
         inner = STRATEGIES.strategy_class(options.inner, options.inner_options)
         return {**inner.capabilities_for(options.inner_options), "can_rejoin": False,
-                "stops_rounds_early": True, "wraps": True}
+                "survives_death": False, "stops_rounds_early": True, "wraps": True}
 
     @property
     def kinds(self) -> tuple[str, ...]:

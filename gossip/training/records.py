@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 
 TASK_FIELDS = ("test_loss", "perplexity")
 _DEVICE_FIELDS = ("device_wait_s", "device_hold_s", "round_start_wall")
 OVERLAP_FIELDS = ("exposed_comm_s", "comm_busy_s", "iter_s", "buckets")
 ROBUST_FIELDS = ("robust_share", "robust_flagged")
+ELASTIC_FIELDS = ("epoch", "state_hash")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class Record:
             left out of this round's mix.
         test_loss, perplexity: A task that reports them (``Task.metrics``; a language
             model): this peer's model's mean test loss (nats per target) and e^test_loss.
+        epoch: In an elastic run: the view this round ended on (gossip/transport/epochs.py).
+        state_hash: In an elastic run: blake2b of the parameters and the optimizer state
+            after the round (``state_hash``); equal on every member in every round.
     """
 
     round: int
@@ -94,6 +101,8 @@ class Record:
     robust_flagged: int | None = None
     test_loss: float | None = None
     perplexity: float | None = None
+    epoch: int | None = None
+    state_hash: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSONL line (``MetricsWriter.write`` turns NaN into null)."""
@@ -103,7 +112,7 @@ class Record:
         if not self.lost_work:
             del line["lost_work"]
         for key in (*TASK_FIELDS, *_DEVICE_FIELDS, *OVERLAP_FIELDS, *ROBUST_FIELDS,
-                    "staleness"):
+                    *ELASTIC_FIELDS, "staleness"):
             if line[key] is None:
                 del line[key]
         return line
@@ -151,3 +160,15 @@ def lines_before(first_round: int, history: list[Mapping[str, Any]], *,
                                            bytes_counted=bytes_counted, lost_peers=lost_peers,
                                            wall=wall).as_dict())
     return out
+
+
+def state_hash(model, optimizer) -> str:
+    """blake2b of ``model``'s state and ``optimizer``'s per-parameter state tensors, in their
+    order: equal exactly when both are bitwise equal."""
+    digest = hashlib.blake2b(digest_size=16)
+    tensors = list(model.state_dict().values())
+    for _, state in sorted(optimizer.state_dict()["state"].items()):
+        tensors += [value for _, value in sorted(state.items()) if torch.is_tensor(value)]
+    for tensor in tensors:
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()

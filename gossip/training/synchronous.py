@@ -28,7 +28,7 @@ from gossip.tasks import BatchStream, create_task, evaluate, partition
 from gossip.tasks.emulated import emulate_device
 from gossip.training.asynchronous import AsyncRunner
 from gossip.training.consensus import ConsensusProbe, algorithm_bytes
-from gossip.training.records import Record, lines_before
+from gossip.training.records import Record, lines_before, state_hash
 
 log = logging.getLogger("gossip.training")
 # torch's global RNG is shared by the threads of a process (peers run as threads in tests):
@@ -143,6 +143,10 @@ class Trainer:
             if (self.checkpoint_path is not None and self.config.checkpoint_every
                     and (round + 1) % self.config.checkpoint_every == 0):
                 self.checkpoint(record)
+            if self.peer.leave_requested and round < self.config.rounds - 1:
+                log.warning("rank %d: leaving after round %d, as asked", self.peer.rank, round)
+                self.peer.leave()
+                break
         return record
 
     def train_round(self, round: int) -> Record:
@@ -156,6 +160,9 @@ class Trainer:
         if overlap is not None:
             record = dataclasses.replace(record, iter_s=iter_s, **overlap)
         record = dataclasses.replace(record, **self.peer.strategy.record_fields(round))
+        if self.config.elastic:  # the survivors' states stay bitwise equal: check it
+            record = dataclasses.replace(record, epoch=self.peer.view.epoch,
+                                         state_hash=state_hash(self.model, self.optimizer))
         if round % self.config.eval_every == 0 or round == self.config.rounds - 1:
             consensus, avg_accuracy = self.probe(round)
             record = dataclasses.replace(record, consensus=consensus, avg_accuracy=avg_accuracy)

@@ -79,12 +79,15 @@ class Transport(ABC):
         self.contacts: set[int] = set()  # ranks we sent to or heard from
         self.departed: set[int] = set()  # ranks that said goodbye
         self.linked: set[int] = set()  # ranks we opened a connection to (subclasses keep it)
-        # Dead peers, control messages, rejoin.
+        # Dead peers, control messages, rejoin. Sends looked up at each call: a wrapped send
+        # (fault injection in tests) sees control messages too.
         self.membership = Membership(Network(
-            rank=rank, size=size, clock=self.clock, describe=self.describe, send=self.send,
+            rank=rank, size=size, clock=self.clock, describe=self.describe,
+            send=lambda dst, msg: self.send(dst, msg),
             resend=self._send_encoded, wait=self.inbox.wait, never_reached=self._never_reached,
             restarted=self._restarted, discard_before=self.inbox.pending.discard_before,
-            moved=self._moved))
+            moved=self._moved, departed=lambda: self.departed,
+            farewell=lambda dst: self.send(dst, Message(kind=BYE, round=-1))))
         self.waits = Waits(rank, self.send)  # a lockstep wait on a live peer, deadlocks
         self._sends = SendWatch(rank=rank, clock=self.clock, timeout=timeout,
                                 describe=self.describe, check=self._check_delivery)

@@ -16,11 +16,15 @@ Control messages (kinds accepted by every transport, handled inside it, never re
 * ``ctl.resume {round, skip}``: the restarted sender runs from ``round`` on; all-peer
   exchanges of rounds <= ``skip`` are abandoned everywhere (they mixed two incarnations).
   The receiver re-sends the messages it kept for the sender from ``round`` on.
+* ``ctl.state``, ``ctl.view``, ``ctl.leave``: an elastic run's agreement on its next view,
+  and a member leaving it (epochs.py).
 
 What a recv raises follows from two sets: first-hand losses stop a recv from that very peer
 (``PeerGone``); any loss at all (also one only heard of) stops a recv of an all-peer kind.
 A gossip strategy thus only ever drops a neighbour on its own evidence; a report from a
 third peer can stop an all-reduce, which could not have finished anyway, and nothing else.
+In an elastic run (``elastic``) only a loss among the current view's members stops one: the
+survivors agree on a view without the dead and run their all-peer exchanges on it.
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ from typing import Any
 
 from gossip.clock import Clock
 from gossip.errors import CollectiveAborted, PeerGone, ProtocolError, RejoinError
+from gossip.transport.epochs import KINDS as VIEW_KINDS
+from gossip.transport.epochs import Epochs
 from gossip.transport.message import Message
 
 log = logging.getLogger("gossip.transport")
 
 GONE, JOIN, WELCOME, RESUME = "ctl.gone", "ctl.join", "ctl.welcome", "ctl.resume"
-CONTROL = frozenset({GONE, JOIN, WELCOME, RESUME})
+CONTROL = frozenset({GONE, JOIN, WELCOME, RESUME}) | VIEW_KINDS
 # Messages kept per destination for a neighbour that restarts: a restarted peer resumes at
 # most a round or two behind the neighbour furthest ahead of it (docs/ARCHITECTURE.md).
 REPLAY_MESSAGES = 3
@@ -66,6 +72,8 @@ class Network:
         restarted: ``restarted(rank)``: forget what was set up with ``rank``'s old process.
         discard_before: ``discard_before(round)``: drop the kept messages of earlier rounds.
         moved: ``moved(rank, endpoint)``: ``rank`` restarted at a new address.
+        departed: The ranks that said goodbye (an elastic view goes on without them).
+        farewell: ``farewell(rank)``: say goodbye to ``rank`` now (it leaves an elastic run).
     """
 
     rank: int
@@ -79,6 +87,8 @@ class Network:
     restarted: Callable[[int], None]
     discard_before: Callable[[int], Any]
     moved: Callable[[int, str], None] = lambda rank, endpoint: None
+    departed: Callable[[], set[int]] = set
+    farewell: Callable[[int], None] = lambda rank: None
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,7 @@ class Membership:
         self._replay: dict[int, deque] | None = None  # dst -> (kind, round, header, frames)
         self._welcomes: dict[int, Mapping] = {}
         self._rejoining = False
+        self.epochs: Epochs | None = None  # an elastic run's views (``elastic``)
 
     # -- configuration ----------------------------------------------------------------------
     def collective(self, kinds: Iterable[str]) -> None:
@@ -121,6 +132,24 @@ class Membership:
         from a checkpoint and asks for them again."""
         if self._replay is None:
             self._replay = {}
+
+    def elastic(self, min_peers: int) -> Epochs:
+        """Run all-peer exchanges on agreed views of the members (epochs.py) from now on,
+        down to ``min_peers`` members."""
+        if self.epochs is None:
+            net = self._net
+            self.epochs = Epochs(
+                net.rank, range(net.size or 1), min_peers=min_peers, send=self._send_message,
+                wait=net.wait, gone=lambda: set(self.lost) | set(net.departed()),
+                describe=net.describe, clock=net.clock, farewell=net.farewell)
+        return self.epochs
+
+    def _counted(self) -> list[int]:
+        """The lost peers an all-peer exchange needs: all of them, or the view's members."""
+        if self.epochs is None:
+            return sorted(self.lost)
+        members = self.epochs.view.members
+        return [rank for rank in sorted(self.lost) if rank in members]
 
     # -- losses -----------------------------------------------------------------------------
     def firsthand(self) -> set[int]:
@@ -152,16 +181,23 @@ class Membership:
                     f"rank {self._net.rank}: {kind} of round {round} was abandoned: a "
                     f"restarted peer rejoined while it was under way (rounds <= "
                     f"{self.skip_through})")
-            if self.lost:
-                raise self._gone(self.lost[min(self.lost)], kind, round)
+            counted = self._counted()
+            if counted:
+                raise self._gone(self.lost[counted[0]], kind, round)
+            left = self.epochs.gone_for(round) if self.epochs is not None else []
+            if left:
+                raise PeerGone(f"rank {self._net.rank}: {self._net.describe(left[0])} left the "
+                               f"run after round {self.epochs.leaving[left[0]]} (waiting for "
+                               f"{kind} of round {round})", rank=left[0])
 
     def check_delivery(self, dst: int, kind: str) -> None:
         """Raise if a message sent to ``dst`` will never be read (for Delivery.wait)."""
         loss = self.lost.get(dst)
         if loss is not None and loss.firsthand:
             raise self._gone(loss, kind, None)
-        if kind in self.collective_kinds and self.lost:
-            raise self._gone(self.lost[min(self.lost)], kind, None)
+        counted = self._counted() if kind in self.collective_kinds else []
+        if counted:
+            raise self._gone(self.lost[counted[0]], kind, None)
 
     def _gone(self, loss: Loss, kind: str | None, round: int | None) -> PeerGone:
         waiting = (f" (waiting for {kind or 'a message'} of round "
@@ -195,6 +231,10 @@ class Membership:
             elif msg.kind == RESUME:
                 _int(meta, "round")
                 _int(meta, "skip")
+            elif self.epochs is None:
+                raise ValueError("this peer runs no elastic views")
+            else:
+                self.epochs.validate(msg)
         except (ValueError, TypeError) as exc:
             raise ProtocolError(f"{msg.kind} from peer {msg.src}: bad meta: {exc}") from None
 
@@ -233,6 +273,8 @@ class Membership:
         elif msg.kind == RESUME:
             self.skip_through = max(self.skip_through, meta["skip"])
             self._replay_to(src, meta["round"])
+        elif msg.kind in VIEW_KINDS:
+            self.epochs.control(msg)
 
     def _broadcast(self, kind: str, meta: dict, *, include: int | None = None) -> None:
         for dst in range(self._net.size or 0):
@@ -240,11 +282,14 @@ class Membership:
                 self._send(dst, kind, meta)
 
     def _send(self, dst: int, kind: str, meta: dict) -> None:
+        self._send_message(dst, Message(kind=kind, round=max(self.round, 0), meta=meta))
+
+    def _send_message(self, dst: int, msg: Message) -> None:
         try:
-            self._net.send(dst, Message(kind=kind, round=max(self.round, 0), meta=meta))
+            self._net.send(dst, msg)
         except Exception as exc:  # noqa: BLE001 - telling others is best effort
-            log.warning("rank %d: could not send %s to peer %d: %s", self._net.rank, kind, dst,
-                        exc)
+            log.warning("rank %d: could not send %s to peer %d: %s", self._net.rank, msg.kind,
+                        dst, exc)
 
     # -- replay -----------------------------------------------------------------------------
     def sent(self, dst: int, kind: str, round: int, header: bytes, frames: list) -> None:

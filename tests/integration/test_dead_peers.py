@@ -10,14 +10,9 @@ and SIGKILL, see test_launch_reports_a_killed_peer_and_the_survivors_finish.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,10 +22,8 @@ from gossip.errors import PeerGone, PeerTimeout
 from gossip.metrics import read_jsonl
 from gossip.peer import Peer
 from gossip.strategies.matcha import Matcha, MatchaOptions
-from gossip.topology import Topology
 from gossip.transport import LoopbackHub, Message
-from gossip.transport.endpoints import local_ipc
-from support import peer_once_all_bound, wait_until
+from support import launch_and_kill, peer_once_all_bound
 
 DEAD_AFTER = 0.5
 TIMEOUT = 10.0  # far above what detection takes: a wait that ends by timeout fails the test
@@ -308,59 +301,11 @@ def test_a_peer_that_takes_no_step_is_dropped_at_its_goodbye_not_judged_dead(loc
 # -- end to end: gossip launch, a peer SIGKILLed mid-run ------------------------------------------
 
 
-def _pid_of_rank(launch_pid: int, rank: int) -> int | None:
-    """The pid of `gossip peer --rank RANK` among the launcher's children."""
-    try:
-        children = Path(f"/proc/{launch_pid}/task/{launch_pid}/children").read_text().split()
-    except OSError:
-        return None
-    for pid in children:
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--rank" in argv and argv[argv.index(b"--rank") + 1] == str(rank).encode():
-            return int(pid)
-    return None
-
-
-def _launch_and_kill(run_dir: Path, *, peers: int, rounds: int, victim: int, after: int,
-                     flags: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str, int]:
-    """`gossip launch` whose rank ``victim`` is SIGKILLed once it recorded ``after`` rounds:
-    the finished launcher, its output and error, and the rounds the victim had recorded."""
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "gossip", "launch", "--peers", str(peers), "--rounds",
-         str(rounds), "--run-dir", str(run_dir), "--timeout", "30", "--dead-after", "1",
-         "--compute-delay", "0.02", *flags],
-        cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    try:
-        def victim_under_way() -> int | None:
-            assert launch.poll() is None, launch.communicate()
-            path = run_dir / f"peer-{victim}.jsonl"
-            return path.exists() and len(read_jsonl(path)) >= after and _pid_of_rank(
-                launch.pid, victim)
-
-        os.kill(wait_until(victim_under_way, 90, f"the victim to get {after} rounds in"),
-                signal.SIGKILL)
-        killed_after = len(read_jsonl(run_dir / f"peer-{victim}.jsonl"))
-        out, err = launch.communicate(timeout=120)
-    finally:
-        if launch.poll() is None:
-            os.killpg(launch.pid, signal.SIGKILL)
-            launch.wait()
-        topology = run_dir / "topology.yaml"
-        if topology.exists():  # a killed peer leaves its Unix socket file behind
-            ipc = local_ipc(Topology.from_yaml(topology).address(victim))
-            Path(ipc.removeprefix("ipc://")).unlink(missing_ok=True)
-    return launch, out, err, killed_after
-
-
 @pytest.mark.slow
 def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
     rounds, victim = 50, 3
     run_dir = tmp_path / "run"
-    launch, out, err, killed_after = _launch_and_kill(
+    launch, out, err, killed_after = launch_and_kill(
         run_dir, peers=8, rounds=rounds, victim=victim, after=8,
         flags=("--tolerate-deaths", "1"))
     assert launch.returncode == 0, err
@@ -378,7 +323,7 @@ def test_launch_reports_a_killed_peer_and_the_survivors_finish(tmp_path):
 def test_launch_exits_non_zero_naming_a_peer_that_died_uninvited(tmp_path):
     """The survivors finish, the table is printed, and the exit status says a peer died
     (it was 0 as long as one peer finished)."""
-    launch, out, err, _ = _launch_and_kill(tmp_path / "run", peers=3, rounds=40, victim=1,
+    launch, out, err, _ = launch_and_kill(tmp_path / "run", peers=3, rounds=40, victim=1,
                                            after=3)
     assert launch.returncode == 1, (out, err)
     assert "mean test accuracy" in out

@@ -70,7 +70,7 @@ def run(row: matrix.Row, cfg: TrainConfig | None = None, *, topology: Topology |
             meet = Rendezvous.parse(f"tcp://127.0.0.1:{port}", environ=env, timeout=TIMEOUT)
         with Peer(rank, topology, cfg.strategy, timeout=TIMEOUT, transport=transport,
                   rendezvous=meet, keep_for_rejoin=cfg.checkpoint_every > 0,
-                  **cfg.options) as peer:
+                  elastic=cfg.elastic, **cfg.options) as peer:
             if topology.roles is not None and rank not in topology.roles.workers:
                 peer.serve()
                 return
@@ -201,6 +201,12 @@ def works_cuda(row, tmp_path):
         assert on_device.shape == on_host.shape and torch.isfinite(on_device).all()
 
 
+def works_elastic(row, tmp_path):
+    records = run(row, config(row, elastic=True))
+    assert_trained(records)
+    assert_same_losses(records, baseline(row))  # no death: the same rounds
+
+
 def works_wrapped(row, feature, tmp_path):
     wrapped = matrix.Row(feature.wrapper, {"inner": row.strategy,
                                            "inner_options": dict(row.options) or None})
@@ -217,6 +223,7 @@ def refused_by_entry(row: matrix.Row, feature: matrix.Feature) -> str:
         "simulate": lambda: simulate_run(config(row), Topology.generate("ring", SIZE),
                                          "unused", write=False),
         "arbiter": lambda: matrix.check_run(config(row), arbiter=True),  # gossip peer/launch
+        "elastic": lambda: config(row, elastic=True),
     }
     if feature.wrapper:
         entry = lambda: STRATEGIES.options(feature.wrapper, {  # noqa: E731
@@ -232,7 +239,7 @@ def refused_by_entry(row: matrix.Row, feature: matrix.Feature) -> str:
 
 WORKS = {"overlap": works_overlap, "simulate": works_simulate, "roles": works_roles,
          "rendezvous": works_rendezvous, "budgets": works_budgets, "arbiter": works_arbiter,
-         "checkpoint": works_checkpoint, "cuda": works_cuda}
+         "checkpoint": works_checkpoint, "cuda": works_cuda, "elastic": works_elastic}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.label)

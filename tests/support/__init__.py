@@ -4,9 +4,10 @@ some of them as fixtures.
 
 One job per module: peers (peers as threads, rounds over ZeroMQ or loopback), oracle
 (float64 reference results, input data), training (Peer.step on a tiny model), logs
-(rejection reasons), waiting (event waits with deadlines), leaks (what a test left behind).
+(rejection reasons), waiting (event waits with deadlines), leaks (what a test left behind), launching (`gossip launch` with a peer killed).
 """
 
+from support.launching import launch_and_kill, pid_of_rank
 from support.logs import Reasons, rejection_reasons
 from support.oracle import TOLERANCE, Oracle, assert_same, peer_data
 from support.peers import (Rounds, assert_balanced, iterate_on_peers, make_local_topology,
@@ -17,8 +18,8 @@ from support.waiting import read_until, wait_connected, wait_until
 
 __all__ = [
     "TOLERANCE", "BatchNormNet", "Oracle", "Reasons", "Rounds", "Steps", "TinyNet",
-    "assert_balanced", "assert_same",
-    "iterate_on_peers", "make_local_topology", "open_peer", "peer_data", "peer_once_all_bound",
+    "assert_balanced", "assert_same", "iterate_on_peers", "launch_and_kill",
+    "make_local_topology", "open_peer", "peer_data", "peer_once_all_bound", "pid_of_rank",
     "read_until", "rejection_reasons", "run_in_threads", "run_on_transports", "run_rounds_on_peers",
     "run_training_steps", "wait_connected", "wait_until",
 ]

@@ -19,8 +19,10 @@ DEVICE = ["device_wait_s", "device_hold_s", "round_start_wall"]
 OVERLAP = ["exposed_comm_s", "comm_busy_s", "iter_s", "buckets"]
 ROBUST = ["robust_share", "robust_flagged"]
 TASK = ["test_loss", "perplexity"]
+ELASTIC = ["epoch", "state_hash"]
 # written when set
-OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness", *ROBUST, *TASK]
+OPTIONAL = ["resumed_from", "lost_work", *DEVICE, *OVERLAP, "staleness", *ROBUST, *TASK,
+            *ELASTIC]
 
 
 def record(round: int = 3, **changes) -> Record:
@@ -47,6 +49,7 @@ def test_optional_fields_appear_only_when_set():
     assert list(record(staleness=0).as_dict()) == SCHEMA + ["staleness"]  # s > 0: even 0
     assert list(record(test_loss=2.0, perplexity=7.4).as_dict()) == SCHEMA + TASK  # an LM's
     assert list(record(robust_share=0.0, robust_flagged=0).as_dict()) == SCHEMA + ROBUST
+    assert list(record(epoch=0, state_hash="00").as_dict()) == SCHEMA + ELASTIC
 
 
 @pytest.mark.parametrize("changes", [{}, {"resumed_from": 7}, {"staleness": 2},

@@ -11,12 +11,13 @@ from gossip.clock import ManualClock
 from gossip.config import TrainConfig
 from gossip.peer import Peer
 from gossip.topology import Topology
-from gossip.training.records import OVERLAP_FIELDS, ROBUST_FIELDS, TASK_FIELDS, Record
+from gossip.training.records import (ELASTIC_FIELDS, OVERLAP_FIELDS, ROBUST_FIELDS,
+                                     TASK_FIELDS, Record)
 from gossip.training.synchronous import Trainer, Work, train
 from gossip.transport import LoopbackHub
 
 OPTIONAL = ("resumed_from", "lost_work", *OVERLAP_FIELDS, "device_wait_s", "device_hold_s",
-            "round_start_wall", "staleness", *ROBUST_FIELDS, *TASK_FIELDS)
+            "round_start_wall", "staleness", *ROBUST_FIELDS, *TASK_FIELDS, *ELASTIC_FIELDS)
 SCHEMA = [f.name for f in dataclasses.fields(Record) if f.name not in OPTIONAL]
 CONFIG = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 3, "batch_size": 16,
                                 "minibatches": 2, "eval_every": 2,

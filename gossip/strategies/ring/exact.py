@@ -6,7 +6,8 @@ is reduced, so huge tensors stream around the ring instead of moving segment by 
 (on few cores, fewer and larger messages are faster: the default only splits beyond 64 MiB).
 Pieces are added into and forwarded from the buffers they arrived in, so only the first
 send reads the input; ``out`` may alias it (see ``synchronize``).
-Ranks form the ring 0 -> 1 -> ... -> P-1 -> 0 whatever the topology's edges are.
+Ranks form the ring 0 -> 1 -> ... -> P-1 -> 0 whatever the topology's edges are; in an
+elastic run (``regroup``) the members of the current view do, in the order of their ids.
 """
 
 from __future__ import annotations
@@ -33,12 +34,19 @@ class RingAllReduce(Strategy):
     # Every element of the result is checked as it is copied into place (NaN/Inf survive the
     # adds): one read of the result instead of 2(P-1)/P of one in per-frame checks.
     checks_own_result = True
+    survives_death = True
 
     def __init__(self, *, rank, topology, transport, options: RingOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
         self.tag = self.options.tag
         self.layout = RingLayout(rank, self.size, self.options.piece_bytes)
-        self.right, self.left = self.layout.right, self.layout.left
+        self.stale = 0  # messages of older views dropped
+
+    def regroup(self, slot: int, members, epoch: int) -> None:
+        """Run on the view ``epoch`` of ``members`` (ids, in ring order) from now on, as its
+        ``slot``; its messages carry the epoch, older epochs' are dropped."""
+        self.layout = RingLayout(slot, len(members), self.options.piece_bytes,
+                                 members=members, epoch=epoch)
 
     @classmethod
     def traffic(cls, rank, size, numel, dtype, options):
@@ -57,11 +65,12 @@ class RingAllReduce(Strategy):
         if not x.is_floating_point():
             raise ConfigError(f"ring-allreduce averages floating-point tensors, got {x.dtype}")
         flat, out = x.reshape(-1), self._output(x, out)
-        if self.size == 1:
+        layout = self.layout
+        if layout.size == 1:
             return out.copy_(flat).view_as(x)
-        pieces = self.layout.pieces(flat.numel(), flat.element_size())
+        pieces = layout.pieces(flat.numel(), flat.element_size())
         rs, ag = self.kinds
-        p, r = self.size, self.rank
+        p, r = layout.size, layout.rank
 
         # Only the first send reads our memory; it is consumed before anything can overwrite
         # it (the mean of our segment reaches us only after our right neighbour added it in).
@@ -92,7 +101,7 @@ class RingAllReduce(Strategy):
                     self._forward(msg, ag, step + 1)
                 nonfinite |= self._keep(msg.buffers[0], out[lo:hi])
         if nonfinite:  # only now: raising earlier would leave the peers after us waiting
-            raise self.layout.nonfinite(round)
+            raise layout.nonfinite(round)
         return out.view_as(x)
 
     @staticmethod
@@ -107,20 +116,24 @@ class RingAllReduce(Strategy):
 
     def _send_all(self, kind, round, step, flat, pieces, length) -> None:
         for j, (lo, hi) in enumerate(pieces):
-            meta = {"n": length, "s": step, "j": j}
-            self.transport.send(self.right, Message(kind=kind, round=round, meta=meta,
+            meta = self.layout.meta(n=length, s=step, j=j)
+            self.transport.send(self.layout.right, Message(kind=kind, round=round, meta=meta,
                                                     buffers=(flat[lo:hi],)))
 
     def _forward(self, msg: Message, kind: str, step: int) -> None:
         """Send a received piece on to the right as ``kind`` ``step`` (by reference)."""
-        self.transport.send(self.right, Message(kind, msg.round, meta={**msg.meta, "s": step},
+        self.transport.send(self.layout.right, Message(kind, msg.round, meta={**msg.meta, "s": step},
                                                 buffers=msg.buffers, wire=msg.wire))
 
     def _recv(self, kind, round, step, piece, flat, numel, length) -> Message:
-        msg = self.transport.recv(src=self.left, kind=kind, round=round)
-        self.layout.check_meta(kind, round, msg.meta, length, step, piece)
+        layout = self.layout
+        msg = self.transport.recv(src=layout.left, kind=kind, round=round)
+        while not layout.current(msg.meta):  # an older view's: dropped
+            self.stale += 1
+            msg = self.transport.recv(src=layout.left, kind=kind, round=round)
+        layout.check_meta(kind, round, msg.meta, length, step, piece)
         if self._expect(msg, numel).dtype != flat.dtype:
-            raise ProtocolError(f"rank {self.rank}: peer {self.left} sent {kind} round {round} "
+            raise ProtocolError(f"rank {self.rank}: peer {layout.left} sent {kind} round {round} "
                                 f"as {msg.buffers[0].dtype}, expected {flat.dtype} — do all "
                                 f"peers synchronize tensors of the same dtype?")
         return msg

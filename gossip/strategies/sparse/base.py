@@ -43,6 +43,9 @@ class SparseStrategy(Strategy):
         self.timings = Timings()  # of the last synchronize
         self._work: torch.Tensor | None = None  # x + residual, then the new residual
         self._numel = 0
+        # The members' ids in rank order, and their view's epoch (elastic runs: regroup).
+        self.members, self.epoch = list(range(self.size)), None
+        self.stale = 0  # messages of older views dropped
         # Sample positions of the selection; any seed gives the same (exact) top-k.
         self._generator = torch.Generator().manual_seed(1 + rank)
 
@@ -117,7 +120,16 @@ class SparseStrategy(Strategy):
 
     def _recv(self, src: int, kind: str, round: int, timings: Timings) -> Message:
         with timings("recv"):
-            return self.transport.recv(src=src, kind=kind, round=round)
+            msg = self.transport.recv(src=src, kind=kind, round=round)
+            while self.epoch is not None and msg.meta.get("e", -1) < self.epoch:
+                self.stale += 1  # an older view's: dropped
+                msg = self.transport.recv(src=src, kind=kind, round=round)
+            return msg
+
+    def regroup(self, slot: int, members, epoch: int) -> None:
+        """Run on the view ``epoch`` of ``members`` (ids, in rank order) from now on (for a
+        subclass that declares ``survives_death``)."""
+        self.members, self.size, self.epoch = list(members), len(members), epoch
 
     @abstractmethod
     def _run(self, work: torch.Tensor, n: int, dest: torch.Tensor, round: int,

@@ -27,6 +27,9 @@ class TopKAllGather(SparseStrategy):
     """
 
     options_class = TopKAllGatherOptions
+    # A round's residual depends on this peer's input alone (its own top-k), so a round the
+    # others completed leaves it as on completion, and a redo restores it (ElasticRounds).
+    survives_death = True
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -37,7 +40,9 @@ class TopKAllGather(SparseStrategy):
 
     @classmethod
     def capabilities_for(cls, options):
-        return options.gathered_capabilities(super().capabilities_for(options))
+        held = options.gathered_capabilities(super().capabilities_for(options))
+        # robust aggregation starts from the last aggregate: not carried over a view yet
+        return {**held, "survives_death": options.gathered() is None}
 
     def record_fields(self, round):
         return {} if self.robust is None else {"robust_flagged": self.flagged}
@@ -64,8 +69,8 @@ class TopKAllGather(SparseStrategy):
             idx, val = select(work, k, self._generator)
         with timings("encode"):
             mine = encode_block(0, idx, val, n, self.indices)
-            msg = pack(self.tag, round, [mine], n=n, step=0)
-        for dst in range(self.size):
+            msg = pack(self.tag, round, [mine], n=n, step=0, epoch=self.epoch)
+        for dst in self.members:
             if dst != self.rank:
                 self._send(dst, msg, timings)
         with timings("select"):
@@ -75,7 +80,7 @@ class TopKAllGather(SparseStrategy):
         total = dest.numpy()
         gathered = []  # robust: each peer's set as a whole vector
         # Rank order on every peer: the same additions in the same order, identical results.
-        for src in range(self.size):
+        for src in self.members:
             if src == self.rank:
                 block = mine
             else:

@@ -50,10 +50,14 @@ def encode_block(block_id: int, idx: np.ndarray, val: np.ndarray, length: int,
     return Block(block_id, idx, val, scheme, data)
 
 
-def pack(kind: str, round: int, blocks: Sequence[Block], *, n: int, step: int) -> Message:
-    """One message carrying ``blocks`` of a tensor of length ``n``."""
+def pack(kind: str, round: int, blocks: Sequence[Block], *, n: int, step: int,
+         epoch: int | None = None) -> Message:
+    """One message carrying ``blocks`` of a tensor of length ``n`` (in an elastic view: of
+    its ``epoch``, as ``meta.e``)."""
     meta = block_meta(n, step, [b.id for b in blocks], [int(b.idx.size) for b in blocks],
                       [b.scheme for b in blocks], [int(b.data.size) for b in blocks])
+    if epoch is not None:
+        meta["e"] = epoch
     if len(blocks) == 1:
         values, data = blocks[0].val, blocks[0].data
     else:

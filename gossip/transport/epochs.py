@@ -1,0 +1,258 @@
+"""Membership views of an elastic run: numbered epochs, one agreement per change.
+
+A view V_e = (e, sorted member ids, activation round, what each member had completed) is what
+an elastic strategy runs on: a member's slot (its index in the ids) is its rank there, the
+number of members its size. Ids are the topology's ranks and are never reused. Epoch 0 is every
+rank from round 0.
+
+Without a rendezvous store the agreement goes through the control channel (two kinds handled
+inside the transport, never returned by ``recv``):
+
+* ``ctl.state {e, members, lc, lost}``: a member that found its view broken (a collective
+  raised PeerGone) tells the coordinator its installed view, the last round it completed
+  (``lc``) and the members it knows gone.
+* ``ctl.view {e, members, round, acks}``: the coordinator's decision, sent to every member of
+  the new view.
+* ``ctl.leave {round}``: the sender completed ``round`` and leaves (``leave``): from the next
+  round on it counts as gone, but not as dead; the receiver says goodbye to it at once (it
+  needs nothing more from it, and the leaver waits for its contacts' goodbyes).
+
+The coordinator is the lowest id of the installed view not known gone, a rule every member
+computes from the same evidence (``ctl.gone`` reaches every survivor). It decides once it has a
+state from every member not known gone: the base is the newest view any of them installed (one
+a coordinator that died half-way through sending it may have given to some), the new members
+are the base's minus every member known gone, the new epoch the base's + 1, and the activation
+round R + 1 with R the newest round any of them completed. A member takes a view only from a
+sender it does not count gone and only of a newer epoch; once it counts the old coordinator
+gone it ignores that one's views, so no view number is decided twice among the living. No peer
+starts round r+1 before completing r, and r+1 completes nowhere without every member's input,
+so the members' ``lc`` differ by at most one: round R was completed by some, and the others
+adopt its result from the lowest such id (``View.donor``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gossip.errors import PeerGone, PeerTimeout
+from gossip.transport.message import Message
+
+log = logging.getLogger("gossip.transport")
+
+STATE, VIEW, LEAVE = "ctl.state", "ctl.view", "ctl.leave"
+KINDS = frozenset({STATE, VIEW, LEAVE})
+WAKE_S = 0.05  # how often a member waiting for a view looks whether its coordinator died
+
+
+@dataclass(frozen=True)
+class View:
+    """One epoch's membership.
+
+    Attributes:
+        epoch: Its number; grows by one per agreed change.
+        members: The member ids, sorted; ``slot(id)`` is the rank a strategy uses.
+        round: The first round run on it (a round nobody completed is redone on it).
+        acks: Per member, the last round it had completed when the view was agreed.
+    """
+
+    epoch: int
+    members: tuple[int, ...]
+    round: int = 0
+    acks: Mapping[int, int] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def slot(self, member: int) -> int:
+        return self.members.index(member)
+
+    @property
+    def donor(self) -> int | None:
+        """The lowest id that completed round ``round - 1`` (its result is adopted by
+        those that had not); None when no member is behind."""
+        behind = [m for m, lc in self.acks.items() if lc < self.round - 1]
+        done = [m for m, lc in self.acks.items() if lc == self.round - 1]
+        return min(done) if behind and done else None
+
+    @property
+    def behind(self) -> list[int]:
+        """Members that had not completed round ``round - 1``: they adopt it."""
+        return sorted(m for m, lc in self.acks.items() if lc < self.round - 1)
+
+    def as_meta(self) -> dict:
+        return {"e": self.epoch, "members": list(self.members), "round": self.round,
+                "acks": [[m, lc] for m, lc in sorted(self.acks.items())]}
+
+
+class Epochs:
+    """An elastic run's installed view and the agreement on the next one.
+
+    Args:
+        rank: This member's id.
+        members: Epoch 0's members.
+        min_peers: Fewer members than this end the run (PeerGone naming the dead).
+        send: ``send(dst, message)``: a control message (best effort).
+        wait: ``wait(timeout)``: handle the next incoming message, False if none came.
+        gone: The ids known dead or departed (first-hand or reported).
+        describe: How to name an id in an error.
+        clock: Time reads of the waits.
+        farewell: ``farewell(id)``: say goodbye to a member that leaves.
+    """
+
+    def __init__(self, rank: int, members, *, min_peers: int, send: Callable[[int, Message], None],
+                 wait: Callable[[float], bool], gone: Callable[[], set[int]],
+                 describe: Callable[[int], str], clock,
+                 farewell: Callable[[int], None] = lambda member: None):
+        self.rank, self.min_peers = rank, min_peers
+        self.view = View(0, tuple(sorted(members)))
+        self.history = [self.view]  # every view installed here, in order
+        self.leaving: dict[int, int] = {}  # member -> the last round it runs
+        self._farewell = farewell
+        self.stale = 0  # messages of older epochs dropped (strategies count them here)
+        self.agreements = 0  # views this member decided as coordinator
+        self._send, self._wait = send, wait
+        self._gone = lambda: gone() | set(self.leaving)
+        self._describe, self._clock = describe, clock
+        self._states: dict[int, Mapping] = {}  # the coordinator's: member -> its ctl.state
+        self._offered: View | None = None  # a newer view from a live coordinator, not yet taken
+
+    # -- messages (called by Membership) -----------------------------------------------------
+    @staticmethod
+    def validate(msg: Message) -> None:
+        """Raise ValueError or TypeError naming what is wrong with ``msg``'s meta."""
+        meta = msg.meta
+        if msg.kind == LEAVE:
+            _ints(meta, "round")
+            return
+        _ints(meta, "e")
+        members = meta.get("members")
+        if not isinstance(members, list) or not members or not all(_is_int(m) for m in members):
+            raise ValueError(f"members={members!r} is not a list of ids")
+        if msg.kind == STATE:
+            _ints(meta, "lc")
+            lost = meta.get("lost")
+            if not isinstance(lost, list) or not all(_is_int(m) for m in lost):
+                raise ValueError(f"lost={lost!r} is not a list of ids")
+        else:
+            _ints(meta, "round")
+            acks = meta.get("acks")
+            if not isinstance(acks, list) or not all(
+                    isinstance(a, list) and len(a) == 2 and _is_int(a[0]) and _is_int(a[1])
+                    for a in acks):
+                raise ValueError(f"acks={acks!r} is not a list of [id, round]")
+
+    def control(self, msg: Message) -> None:
+        meta = msg.meta
+        if msg.kind == STATE:
+            self._states[msg.src] = meta
+            return
+        if msg.kind == LEAVE:
+            self.leaving[msg.src] = meta["round"]
+            log.warning("rank %d: %s leaves after round %d", self.rank,
+                        self._describe(msg.src), meta["round"])
+            self._farewell(msg.src)
+            return
+        view = View(meta["e"], tuple(sorted(meta["members"])), meta["round"],
+                    {m: lc for m, lc in meta["acks"]})
+        if msg.src in self._gone() or view.epoch <= self.view.epoch:
+            log.info("rank %d: ignored view %d from peer %d (installed %d)", self.rank,
+                     view.epoch, msg.src, self.view.epoch)
+            return
+        if self._offered is None or view.epoch > self._offered.epoch:
+            self._offered = view
+
+    def gone_for(self, round: int | None) -> list[int]:
+        """Members that left before ``round`` (any round, for None), sorted."""
+        return sorted(m for m, last in self.leaving.items()
+                      if m in self.view.members and (round is None or round > last))
+
+    def leave(self, last: int) -> None:
+        """This member completed round ``last`` and leaves: tell every other member."""
+        for dst in self.view.members:
+            if dst != self.rank and dst not in self._gone():
+                self._send(dst, Message(LEAVE, max(last, 0), meta={"round": last}))
+
+    # -- agreement ------------------------------------------------------------------------------
+    def reform(self, completed: int, timeout: float) -> View:
+        """Agree with the other survivors on the next view and install it; ``completed``:
+        the last round this member completed.
+
+        Raises:
+            PeerGone: fewer than ``min_peers`` members are left, or this member is not in
+                the view agreed (the others counted it dead).
+            PeerTimeout: no view was agreed within ``timeout`` s.
+        """
+        clock = self._clock
+        deadline = clock.monotonic() + timeout
+        told = None
+        while True:
+            if self._offered is not None:
+                view, self._offered = self._offered, None
+                return self._install(view)
+            gone = self._gone()
+            alive = [m for m in self.view.members if m not in gone]
+            self._check_enough(alive, self.view.members)
+            coordinator = min(alive)
+            state = {"e": self.view.epoch, "members": list(self.view.members), "lc": completed,
+                     "lost": sorted(gone & set(self.view.members))}
+            if coordinator == self.rank:
+                self._states[self.rank] = state
+                view = self._decide(gone)
+                if view is not None:
+                    for dst in view.members:
+                        if dst != self.rank:
+                            self._send(dst, Message(VIEW, max(completed, 0), meta=view.as_meta()))
+                    self.agreements += 1
+                    return self._install(view)
+            elif told != coordinator:
+                self._send(coordinator, Message(STATE, max(completed, 0), meta=state))
+                told = coordinator
+            if clock.monotonic() >= deadline:
+                raise PeerTimeout(f"rank {self.rank}: no view after epoch {self.view.epoch} "
+                                  f"agreed within {timeout:g} s (coordinator "
+                                  f"{self._describe(coordinator)})")
+            self._wait(WAKE_S)
+
+    def _decide(self, gone: set[int]) -> View | None:
+        """The next view, once every member not known gone sent its state; else None."""
+        states = dict(self._states)
+        for state in states.values():
+            gone = gone | set(state["lost"])
+        base = max(states.values(), key=lambda s: s["e"])
+        members = [m for m in sorted(base["members"]) if m not in gone]
+        if any(m not in states for m in members):
+            return None
+        acks = {m: states[m]["lc"] for m in members}
+        self._check_enough(members, base["members"])
+        return View(base["e"] + 1, tuple(members), max(acks.values()) + 1, acks)
+
+    def _check_enough(self, members, before) -> None:
+        """Raise PeerGone naming the gone if fewer than ``min_peers`` ``members`` are left."""
+        if len(members) < self.min_peers:
+            dead = sorted(set(before) - set(members))
+            raise PeerGone(f"rank {self.rank}: {len(members)} peer(s) left, fewer than "
+                           f"min_peers={self.min_peers}: "
+                           f"{', '.join(self._describe(m) for m in dead)} gone", rank=dead[0])
+
+    def _install(self, view: View) -> View:
+        if self.rank not in view.members:
+            raise PeerGone(f"rank {self.rank}: the others went on without this peer (view "
+                           f"{view.epoch}: {list(view.members)})", rank=self.rank)
+        log.warning("rank %d: view %d: %d peer(s) %s from round %d", self.rank, view.epoch,
+                    view.size, list(view.members), view.round)
+        self.view = view
+        self.history.append(view)
+        self._states.clear()
+        return view
+
+
+def _ints(meta: Mapping, key: str) -> None:
+    if not _is_int(meta.get(key)):
+        raise TypeError(f"{key}={meta.get(key)!r} is not an int")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
