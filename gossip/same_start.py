@@ -23,9 +23,11 @@ from collections.abc import Iterable
 import torch
 
 from gossip.errors import ConfigError
+from gossip.strategies.traffic import Step, message_bytes
 from gossip.transport import Message
 
 KIND = "start"
+DIGEST_CHARS = 32  # blake2b of 16 bytes, in hex
 
 
 def parameter_digest(params: Iterable[torch.Tensor]) -> str:
@@ -44,6 +46,13 @@ def needs_check(peer) -> bool:
     strategy = peer.strategy
     return (peer.round == 0 and strategy.needs_every_peer and peer.topology.size > 1
             and strategy.round_plan(0).operates_on == "grads")
+
+
+def start_step(rank: int, size: int) -> Step:
+    """The check as the sizes-only simulation replays it before round 0's plan (a strategy
+    with a traffic plan averages gradients with every rank: it always runs the check)."""
+    nbytes = message_bytes(rank, KIND, {"digest": "0" * DIGEST_CHARS}, [])
+    return Step(sends=(((rank + 1) % size, KIND, nbytes),), recvs=(((rank - 1) % size, KIND),))
 
 
 def check_same_start(peer, params: Iterable[torch.Tensor]) -> None:

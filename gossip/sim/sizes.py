@@ -11,6 +11,7 @@ sizes are exact (see the strategy's ``traffic``); times are those of the network
 
 from __future__ import annotations
 
+import itertools
 import json
 import resource
 import time
@@ -28,6 +29,7 @@ from gossip.config import TrainConfig
 from gossip.errors import ConfigError
 from gossip.sim.clock import MeasuredCompute
 from gossip.sim.runner import write_run_dir
+from gossip.same_start import start_step
 from gossip.sim.scheduler import Scheduler
 from gossip.strategies.traffic import Step, round_bytes
 from gossip.tasks.base import create_task
@@ -119,7 +121,10 @@ class _Replay:
 
     def _computed(self, rank: int) -> None:
         self.computing[rank] = False
-        self.steps[rank] = steps = iter(self.plans[rank])
+        steps = iter(self.plans[rank])
+        if self.round[rank] == 0 and len(self.plans) > 1:  # gossip/same_start.py's check
+            steps = itertools.chain([start_step(rank, len(self.plans))], steps)
+        self.steps[rank] = steps
         self.step[rank] = next(steps, None)
         self._advance(rank)
 

@@ -224,9 +224,11 @@ def test_combine_then_adapt_dpsgd_matches_the_oracle_on_a_quadratic(local_topolo
 def test_a_peer_dying_mid_bucket_raises_peer_gone_on_the_others(local_topology, run_peers):
     topology = local_topology("ring", 3)
     victim, all_bound = 2, threading.Barrier(3, timeout=TIMEOUT)
+    start = Net().state_dict()  # one model for all: a gradient all-reduce checks it
 
     def main(rank: int):
         model = Net()
+        model.load_state_dict(start)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         try:
             with peer_once_all_bound(rank, topology, "ring-allreduce", all_bound,
