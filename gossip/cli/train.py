@@ -87,7 +87,7 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
               attack=config.attack.for_rank(rank, seed=config.seed),
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
               rendezvous=meeting.rendezvous, elastic=config.elastic,
-              min_peers=config.min_peers) as node:
+              min_peers=config.min_peers, spares=config.spares) as node:
         if config.elastic:
             _leave_on_sigterm(node)
         agreed = meeting.settle(node, run_dir, config, checkpoint_path)

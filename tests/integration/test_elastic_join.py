@@ -1,0 +1,112 @@
+"""Joins in an elastic run: peers on the topology's spare ranks join running ring
+all-reduce members (gossip/strategies/elastic.py, gossip/transport/epochs.py). Real peers over
+ZeroMQ on loopback, each a thread of this process. Each peer keeps a "model": the running sum
+of its round results, which its donor hands a joiner as bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from gossip.errors import ConfigError
+from gossip.peer import Peer
+from support import peer_once_all_bound
+
+TIMEOUT = 10.0
+N = 23
+
+
+def run_with_joins(run_peers, topology, *, members, rounds, joins, strategy="ring-allreduce",
+                   **options):
+    """Ranks < ``members`` run from round 0; each rank in ``joins`` starts once rank 0
+    completed round ``joins[rank]`` and enters. Every peer runs ``model += synchronize(x)`` with
+    x its own input of the round. Returns per rank (first round it ran, its models after each
+    round, by round) and each peer."""
+    size = topology.size
+    x = torch.randn(size, rounds, N, generator=torch.Generator().manual_seed(size),
+                    dtype=torch.float64)
+    all_bound = threading.Barrier(size, timeout=TIMEOUT)
+    progress = threading.Condition()
+    done = [-1]
+    peers: dict[int, Peer] = {}
+
+    def main(rank: int):
+        with peer_once_all_bound(rank, topology, strategy, all_bound, timeout=TIMEOUT,
+                                 dead_after=0.5, elastic=True, spares=size - members,
+                                 **options) as peer:
+            peers[rank] = peer
+            model, first, models = torch.zeros(N, dtype=torch.float64), 0, {}
+            if rank >= members:
+                with progress:
+                    assert progress.wait_for(lambda: done[0] >= joins[rank], timeout=TIMEOUT)
+                first, state = peer.enter()
+                model = torch.frombuffer(bytearray(state), dtype=torch.float64).clone()
+                models[first - 1] = model.clone()
+            for round in range(first, rounds):
+                model += peer.synchronize(x[rank, round], round)
+                models[round] = model.clone()
+                peer.hand_over(round, lambda: model.numpy().tobytes())
+                if rank == 0:
+                    with progress:
+                        done[0] = round
+                        progress.notify_all()
+                    time.sleep(0.02)  # the joiners' asks arrive before the last rounds
+        return first, models
+
+    return run_peers(size, main, timeout=6 * TIMEOUT), peers, x
+
+
+@pytest.mark.parametrize("strategy, options", [("ring-allreduce", {}),
+                                               ("topk-allgather", {"density": 1.0})])
+def test_a_joiner_takes_its_donors_state_and_runs_bitwise_equal(strategy, options,
+                                                                local_topology, run_peers):
+    members, rounds = 4, 10
+    topology = local_topology("ring", members + 1)
+    outcome, peers, x = run_with_joins(run_peers, topology, members=members, rounds=rounds,
+                                       joins={members: 2}, strategy=strategy, **options)
+    first, models = outcome[members]
+    view = peers[members].view
+    assert view.epoch == 1 and view.members == tuple(range(members + 1)) and view.round == first
+    assert 3 <= first < rounds
+    donor = view.joins[members]
+    assert donor in range(members)
+    assert torch.equal(models[first - 1], outcome[donor][1][first - 1])  # the donor's state
+    for rank in range(members):
+        for round in range(first - 1, rounds):
+            assert torch.equal(outcome[rank][1][round], models[round]), (rank, round)
+        assert peers[rank].view == view
+    # from the join on, the mean over every member, the joiner included
+    torch.testing.assert_close(models[first] - models[first - 1], x[:, first].mean(dim=0),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_two_joins_racing_give_one_view_each_or_one_with_both(local_topology, run_peers):
+    members, rounds = 4, 12
+    topology = local_topology("ring", members + 2)
+    outcome, peers, x = run_with_joins(run_peers, topology, members=members, rounds=rounds,
+                                       joins={members: 2, members + 1: 2})
+    everyone = tuple(range(members + 2))
+    for rank in everyone:
+        assert peers[rank].view.members == everyone, (rank, peers[rank].view)
+    installed: dict[int, set] = {}
+    for rank in everyone:
+        for view in peers[rank].transport.membership.epochs.history:
+            installed.setdefault(view.epoch, set()).add((view.members, view.round))
+    assert all(len(views) == 1 for views in installed.values()), installed
+    assert len(installed) in (2, 3)  # epoch 0, then one view with both or one each
+    last = max(outcome[rank][0] for rank in everyone)
+    for rank in everyone:
+        for round in range(last, rounds):
+            assert torch.equal(outcome[rank][1][round], outcome[0][1][round]), (rank, round)
+
+
+def test_spares_need_elastic_and_only_spares_enter(local_topology):
+    topology = local_topology("ring", 3)
+    with pytest.raises(ConfigError, match="^spares must be"):
+        Peer(0, topology, "ring-allreduce", spares=1)
+    with pytest.raises(ConfigError, match="^spares must be"):
+        Peer(0, topology, "ring-allreduce", elastic=True, spares=3)
