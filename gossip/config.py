@@ -127,6 +127,9 @@ class TrainConfig(Options):
         if self.batch_size % self.minibatches:
             raise self.refusal("batch_size", self.batch_size,
                                f"must be a multiple of minibatches ({self.minibatches})")
+        if (self.join or self.spares) and not self.elastic:
+            raise self.refusal("join" if self.join else "spares", True if self.join else
+                               self.spares, "needs elastic (joins run on agreed views)")
         check_run(self)  # overlap, budgets and checkpoints against the strategy
 
     @property

@@ -47,6 +47,7 @@ class Curve:
     minibatch_share: float  # finished / planned mini-batches over the run
     consensus: np.ndarray = field(default_factory=lambda: np.empty(0))  # nan: not measured
     attackers: tuple[int, ...] = ()  # ranks left out: the run's attackers
+    peers: np.ndarray = field(default_factory=lambda: np.empty(0))  # recording each round
 
     def time_to(self, target: float) -> float | None:
         """Seconds until the smoothed loss first reached ``target`` (None: never)."""
@@ -81,18 +82,21 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
         raise ConfigError(f"{run_dir}: no metrics recorded")
     if _asynchronous(train.get("strategy"), train.get("options") or {}):
         rows = _rows_in_time_order(peers)
+    elif (run_dir / "membership.jsonl").exists():  # a churn run: members come and go
+        rows = _rows_by_round(peers)
     else:
         n = min(len(records) for records in peers)
         rows = [[records[i] for records in peers] for i in range(n)]
     n = len(rows)
-    firsts = [records[0] for records in peers]
+    firsts = [records[0] for records in peers if records[0]["round"] == 0] or [
+        records[0] for records in peers]  # joiners' clocks start later
     if all("wall" in r for r in firsts):
         origin = max(r["wall"] - r["time"] for r in firsts)
         time = np.array([max(r["wall"] for r in row) - origin for row in rows])
     else:  # older runs without wall clock: per-peer clocks, the slowest peer counts
         time = np.array([max(r["time"] for r in row) for row in rows])
     raw = np.array([_weighted_loss(row) for row in rows])
-    planned = train.get("minibatches", 1) * len(peers) * n
+    planned = train.get("minibatches", 1) * sum(len(row) for row in rows)
     finished = sum(r.get("minibatches", train.get("minibatches", 1)) for row in rows for r in row)
     strategy = train.get("strategy", "?")
     options = train.get("options") or {}
@@ -118,6 +122,7 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
         minibatch_share=finished / planned if planned else 1.0,
         consensus=np.array([_first_known(row, "consensus") for row in rows]),
         attackers=attackers,
+        peers=np.array([len(row) for row in rows]),
     )
 
 
@@ -149,6 +154,16 @@ def _rows_in_time_order(peers: list[list[dict]]) -> list[list[dict]]:
     ordered = sorted((r for records in peers for r in records),
                      key=lambda r: (r.get("wall", r["time"]), r["round"]))
     return [ordered[i:i + size] for i in range(0, len(ordered) - size + 1, size)]
+
+
+def _rows_by_round(peers: list[list[dict]]) -> list[list[dict]]:
+    """A churn run's rounds: each round's records, from the peers that ran it (a joiner from
+    the round it joined at, a leaver up to its last)."""
+    by_round: dict[int, list[dict]] = {}
+    for records in peers:
+        for record in records:
+            by_round.setdefault(record["round"], []).append(record)
+    return [by_round[r] for r in sorted(by_round)]
 
 
 def _mean_known(values) -> float:

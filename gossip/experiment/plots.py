@@ -1,5 +1,5 @@
 """PNG figures of an experiment: loss vs time and bytes, accuracy vs round and bytes,
-consensus vs round.
+consensus vs round, and for a run whose membership changed (churn) peers vs round.
 
 Runs of one family (e.g. ``dpsgd`` and ``nonblocking(dpsgd)``) share a colour; non-blocking
 runs are dashed.
@@ -22,6 +22,8 @@ FIGURES = {  # file -> (x attribute, x label, y attribute, y label, log y)
     "consensus_vs_round.png": ("rounds", "round", "consensus",
                                "consensus distance (mean squared)", True),
 }
+#: Drawn only when some run's peers changed over its rounds (``gossip launch --churn``).
+MEMBERSHIP = {"peers_vs_round.png": ("rounds", "round", "peers", "peers running", False)}
 
 
 def plot_curves(curves: Sequence[Curve], out: Path, *, target: float | None = None,
@@ -36,7 +38,9 @@ def plot_curves(curves: Sequence[Curve], out: Path, *, target: float | None = No
     colours = plt.get_cmap("tab10").colors
     families = list(dict.fromkeys(c.family for c in curves))
     paths = []
-    for name, (x_attr, x_label, y_attr, y_label, log_y) in FIGURES.items():
+    churned = any(len(set(c.peers.tolist())) > 1 for c in curves)
+    for name, (x_attr, x_label, y_attr, y_label, log_y) in (
+            {**FIGURES, **MEMBERSHIP} if churned else FIGURES).items():
         fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
         for c in curves:
             x = getattr(c, x_attr) / (1e6 if x_attr == "bytes_sent" else 1)

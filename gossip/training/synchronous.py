@@ -137,7 +137,9 @@ class Trainer:
         state = torch.load(io.BytesIO(data), weights_only=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        log.warning("rank %d: joined at round %d", self.peer.rank, self.first_round)
+        log.warning("rank %d: joined at round %d from peer %d's state %s", self.peer.rank,
+                    self.first_round, self.peer.view.joins[self.peer.rank],
+                    state_hash(self.model, self.optimizer))
 
     def snapshot(self) -> bytes:
         """The state a joiner starts from: model and optimizer (``enter``)."""

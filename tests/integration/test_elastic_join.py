@@ -110,3 +110,44 @@ def test_spares_need_elastic_and_only_spares_enter(local_topology):
         Peer(0, topology, "ring-allreduce", spares=1)
     with pytest.raises(ConfigError, match="^spares must be"):
         Peer(0, topology, "ring-allreduce", elastic=True, spares=3)
+
+
+@pytest.mark.slow
+def test_launch_with_churn_one_join_one_leave_one_kill(tmp_path):
+    """`gossip launch --churn` with P = 5: rank 5 joins at round 5 (once started), rank 3 leaves,
+    rank 4 is killed -9;
+    the launch exits 0 (the leave and the kill were scheduled), the others finish every
+    round, all states equal in every round, the joiner's equal to its donor's before it
+    ran, and membership.jsonl records the three events."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from gossip.metrics import read_jsonl
+
+    rounds, run_dir = 100, tmp_path / "run"
+    launch = subprocess.run(
+        [sys.executable, "-m", "gossip", "launch", "--peers", "5", "--rounds", str(rounds),
+         "--strategy", "ring-allreduce", "--elastic", "--churn", "join@5,leave:3@60,kill:4@80",
+         "--run-dir", str(run_dir), "--timeout", "60", "--dead-after", "1",
+         "--compute-delay", "0.15"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert launch.returncode == 0, (launch.stdout, launch.stderr)
+    records = {r: {line["round"]: line for line in read_jsonl(run_dir / f"peer-{r}.jsonl")}
+               for r in (0, 1, 2, 3, 4, 5)}
+    for rank in (0, 1, 2):
+        assert sorted(records[rank]) == list(range(rounds))
+    # SIGTERM once it recorded 60 rounds: it leaves after the round under way
+    assert sorted(records[3]) == list(range(len(records[3]))) and 61 <= len(records[3]) <= 63
+    assert 80 <= len(records[4]) <= 82 and 0 < len(records[5]) < rounds
+    for round in range(rounds):
+        assert len({rec[round]["state_hash"] for rec in records.values() if round in rec}) == 1
+    joined = min(records[5])
+    log = (run_dir / "peer-5.log").read_text()
+    found = re.search(r"joined at round (\d+) from peer (\d+)'s state (\w+)", log)
+    assert found and int(found[1]) == joined, log
+    assert found[3] == records[int(found[2])][joined - 1]["state_hash"]
+    events = [json.loads(line)["event"] for line in (run_dir / "membership.jsonl").open()]
+    assert events == ["join", "leave", "kill"]
+    assert records[0][rounds - 1]["epoch"] >= 3  # the join, the leave, the kill
