@@ -150,6 +150,9 @@ class ElasticRounds:
             try:
                 msg = transport.recv(src=donor, kind=self.handover_kind, round=view.round - 1,
                                      timeout=max(min(WAKE_S, left), 1e-3))
+            except PeerGone:  # the donor died: the members agree without it, then admit again
+                epochs.forget(view)
+                continue
             except PeerTimeout:
                 if transport.clock.monotonic() >= deadline:
                     raise PeerTimeout(f"rank {epochs.rank}: peer {donor} sent no state for "

@@ -123,8 +123,12 @@ class Epochs:
                  describe: Callable[[int], str], clock,
                  farewell: Callable[[int], None] = lambda member: None):
         self.rank, self.min_peers = rank, min_peers
-        self.view = View(0, tuple(sorted(members)))
-        self.history = [self.view]  # every view installed here, in order
+        self.first = tuple(sorted(members))  # epoch 0's members: whom a joiner asks
+        # a joiner's own view is itself alone until it is admitted: no loss among the
+        # members it asked stops the receive of its state (only its donor's death does)
+        self.view = View(0, self.first if rank in self.first else (rank,))
+        # every view installed here, in order (a joiner's from the one admitting it)
+        self.history = [self.view] if rank in self.first else []
         self.leaving: dict[int, int] = {}  # member -> the last round it runs
         self._farewell = farewell
         self.stale = 0  # messages of older epochs dropped (strategies count them here)
@@ -210,8 +214,8 @@ class Epochs:
 
     # -- joins ----------------------------------------------------------------------------------
     def ask(self) -> None:
-        """As a spare id: ask the members of the view known here (epoch 0's) to join."""
-        for dst in self.view.members:
+        """As a spare id: ask epoch 0's members to join."""
+        for dst in self.first:
             self._send(dst, Message(ENTER, 0, meta={}))
 
     def admit(self, round: int) -> View | None:
@@ -250,9 +254,14 @@ class Epochs:
         while self.scheduled is None or self.rank not in self.scheduled.joins:
             if self._clock.monotonic() >= deadline:
                 raise PeerTimeout(f"rank {self.rank}: no view admitted this peer within "
-                                  f"{timeout:g} s (asked {list(self.view.members)})")
+                                  f"{timeout:g} s (asked {list(self.first)})")
             self._wait(WAKE_S)
         return self.scheduled
+
+    def forget(self, view: View) -> None:
+        """As a joiner: ``view``'s donor died before sending; wait for a newer view."""
+        if self.scheduled == view:
+            self.scheduled = None
 
     def install(self, view: View) -> View:
         """As a joiner: run on ``view`` (from ``admission``) from now on."""
