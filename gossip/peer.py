@@ -259,15 +259,18 @@ class Peer:
             with self.communicating():
                 self.strategy.leave()
 
-    def enter(self) -> tuple[int, bytes]:
+    def enter(self) -> tuple[int, bytes] | None:
         """On a spare rank of an elastic run: join the running members; returns the round
-        to run from (also ``self.round``) and the state its donor handed over."""
+        to run from (also ``self.round``) and the state its donor handed over, or None if
+        the members ended the run before admitting this peer."""
         if not self.elastic or self.rank < self.topology.size - self.spares:
             raise ConfigError(f"rank {self.rank} cannot join: only the last {self.spares} "
                               f"rank(s) of an elastic run's topology (spares) join it")
         with self.communicating():
-            self.round, state = self.strategy.enter()
-        return self.round, state
+            entered = self.strategy.enter()
+        if entered is not None:
+            self.round = entered[0]
+        return entered
 
     def hand_over(self, round: int, state) -> list[int]:
         """In an elastic run, after completing ``round``: send ``state()`` (bytes) to the

@@ -132,9 +132,10 @@ class ElasticRounds:
                     buffers=(torch.frombuffer(bytearray(data), dtype=torch.uint8),)))
         return joiners
 
-    def enter(self) -> tuple[int, bytes]:
+    def enter(self) -> tuple[int, bytes] | None:
         """As a spare id: join the running members; returns the round to run from and the
-        state its donor sent (``hand_over``), checked against its blake2b.
+        state its donor sent (``hand_over``), checked against its blake2b; None if the
+        members ended the run before admitting this peer.
 
         Raises:
             PeerTimeout: no view admitted this peer, or its donor sent nothing, in time.
@@ -146,6 +147,8 @@ class ElasticRounds:
         while True:
             left = deadline - transport.clock.monotonic()
             view = epochs.admission(max(left, 0.0))
+            if view is None:
+                return None
             donor = view.joins[epochs.rank]
             try:
                 msg = transport.recv(src=donor, kind=self.handover_kind, round=view.round - 1,
@@ -154,6 +157,8 @@ class ElasticRounds:
                 epochs.forget(view)
                 continue
             except PeerTimeout:
+                if epochs.ended():
+                    return None
                 if transport.clock.monotonic() >= deadline:
                     raise PeerTimeout(f"rank {epochs.rank}: peer {donor} sent no state for "
                                       f"view {view.epoch} within {self.timeout:g} s") from None
@@ -174,6 +179,7 @@ class ElasticRounds:
         self.inner.finish()
         if self.left or self.kept is None:
             return
+        self.epochs.cancel()  # a join due after the last round: nobody runs it
         last, result = self.kept
         state = self.inner.state_dict()
         self.synchronize(torch.zeros_like(result), last + 1)  # the strategy's own length

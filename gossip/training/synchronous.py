@@ -132,8 +132,15 @@ class Trainer:
 
     def enter(self) -> None:
         """On a spare rank of an elastic run: join the running members (``Peer.enter``),
-        starting from its donor's model and optimizer state at the round it joins at."""
-        self.first_round, data = self.peer.enter()
+        starting from its donor's model and optimizer state at the round it joins at (no
+        round at all if the run ended first)."""
+        entered = self.peer.enter()
+        if entered is None:
+            log.warning("rank %d: the run ended before this peer was admitted",
+                        self.peer.rank)
+            self.first_round = self.config.rounds  # no round left
+            return
+        self.first_round, data = entered
         state = torch.load(io.BytesIO(data), weights_only=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -141,6 +141,7 @@ class Epochs:
         self.asking: set[int] = set()  # ids that asked to join and are not members yet
         self.scheduled: View | None = None  # a join's view, installed at its round
         self._passed = 0  # the newest epoch proposed (maybe dropped): numbers never reused
+        self.closing = False  # this member runs its closing round: it admits nobody more
 
     # -- messages (called by Membership) -----------------------------------------------------
     @staticmethod
@@ -229,7 +230,8 @@ class Epochs:
         gone = self._gone()
         alive = [m for m in self.view.members if m not in gone]
         joiners = sorted(self.asking - set(self.view.members) - gone)
-        if view is not None or not joiners or not alive or min(alive) != self.rank:
+        if view is not None or self.closing or not joiners or not alive \
+                or min(alive) != self.rank:
             return None
         epoch = max(self.view.epoch, self._passed) + 1
         view = View(epoch, tuple(sorted(alive + joiners)), round + MARGIN,
@@ -243,25 +245,39 @@ class Epochs:
         self.scheduled, self._passed = view, epoch
         return None
 
-    def admission(self, timeout: float) -> View:
+    def admission(self, timeout: float) -> View | None:
         """As a joiner: wait for the newest view that admits this id (not installed: its
-        donor's state comes first).
+        donor's state comes first); None once every member asked has gone (said goodbye:
+        the run ended before admitting it).
 
         Raises:
             PeerTimeout: no view admitted it within ``timeout`` s.
         """
         deadline = self._clock.monotonic() + timeout
         while self.scheduled is None or self.rank not in self.scheduled.joins:
+            if self.ended():
+                return None
             if self._clock.monotonic() >= deadline:
                 raise PeerTimeout(f"rank {self.rank}: no view admitted this peer within "
                                   f"{timeout:g} s (asked {list(self.first)})")
             self._wait(WAKE_S)
         return self.scheduled
 
+    def cancel(self) -> None:
+        """As a member closing: admit nobody more, and drop a join's view not installed
+        yet. Every member closes after the same last round, so all drop it (its joiner, if
+        its state came, runs no round; else it sees the members go)."""
+        self.scheduled = None
+        self.closing = True
+
     def forget(self, view: View) -> None:
         """As a joiner: ``view``'s donor died before sending; wait for a newer view."""
         if self.scheduled == view:
             self.scheduled = None
+
+    def ended(self) -> bool:
+        """As a joiner: whether every member it asked has gone (the run is over for it)."""
+        return set(self.first) <= self._gone()
 
     def install(self, view: View) -> View:
         """As a joiner: run on ``view`` (from ``admission``) from now on."""

@@ -56,7 +56,10 @@ def run_with_joins(run_peers, topology, *, members, rounds, joins, strategy="rin
             if rank >= members:
                 with progress:
                     assert progress.wait_for(lambda: done[0] >= joins[rank], timeout=TIMEOUT)
-                first, state = peer.enter()
+                entered = peer.enter()
+                if entered is None:  # the run ended first
+                    return None, {}
+                first, state = entered
                 model = torch.frombuffer(bytearray(state), dtype=torch.float64).clone()
                 models[first - 1] = model.clone()
             for round in range(first, rounds):
@@ -143,6 +146,25 @@ def test_a_join_after_a_death(local_topology, run_peers):
     for rank in (0, 1, 3):
         for round in range(first - 1, rounds):
             assert torch.equal(outcome[rank][1][round], models[round]), (rank, round)
+
+
+@pytest.mark.parametrize("asks", [1, 3], ids=["activated-after-the-last", "in-the-last"])
+def test_a_join_at_the_end_of_the_run_ends_cleanly(asks, local_topology, run_peers):
+    """A join activated after the last round (proposed in round 2 of 4: round 4): the
+    members close without it, the joiner got its state and runs no round. One asked in the
+    last round: nobody admits it, and it sees the members go."""
+    members, rounds = 3, 4
+    topology = local_topology("ring", members + 1)
+    outcome, peers, x = run_with_joins(run_peers, topology, members=members, rounds=rounds,
+                                       joins={members: asks})
+    for rank in range(members):
+        assert sorted(outcome[rank][1]) == list(range(rounds))
+        assert peers[rank].view.members == tuple(range(members))
+    first, models = outcome[members]
+    if asks == 1:
+        assert first == rounds and torch.equal(models[rounds - 1], outcome[0][1][rounds - 1])
+    else:
+        assert (first, models) == (None, {})
 
 
 def test_spares_need_elastic_and_only_spares_enter(local_topology):
