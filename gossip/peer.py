@@ -94,6 +94,9 @@ class Peer:
                 or spares and not elastic:
             raise ConfigError(f"spares must be an integer in 0..{topology.size - 1} (the "
                               f"topology's peers less one), with elastic, got {spares!r}")
+        if spares and rendezvous is not None:
+            raise ConfigError("spares: not with a rendezvous yet (a joiner runs on a spare "
+                              "rank of a static topology)")
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         if dead_after <= 0:

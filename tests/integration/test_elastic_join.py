@@ -173,6 +173,9 @@ def test_spares_need_elastic_and_only_spares_enter(local_topology):
         Peer(0, topology, "ring-allreduce", spares=1)
     with pytest.raises(ConfigError, match="^spares must be"):
         Peer(0, topology, "ring-allreduce", elastic=True, spares=3)
+    with pytest.raises(ConfigError, match="^spares: not with a rendezvous"):
+        Peer(0, topology, "ring-allreduce", elastic=True, spares=1,
+             rendezvous="file:///nonexistent/store")
 
 
 @pytest.mark.slow
