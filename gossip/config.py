@@ -82,6 +82,11 @@ class TrainConfig(Options):
                "survives_death, e.g. ring-allreduce; others refuse it).")
     min_peers: int = option(1, "With elastic: fewer peers left than this end the run.",
                             check=at_least(1))
+    spares: int = option(0, "With elastic: the topology's last this many ranks are not members "
+                            "at first; a peer started on one with join joins the run.",
+                         check=_rule(lambda v: v >= 0, "must be >= 0"))
+    join: bool = option(False, "With elastic, on a spare rank: join the running members, "
+                               "starting from a donor's state.")
     checkpoint_every: int = option(
         0, "Write each peer's checkpoint every this many rounds (0: never); a peer restarted "
            "with `gossip peer --resume` rejoins from it (every peer then keeps its last "
@@ -128,6 +133,9 @@ class TrainConfig(Options):
         if self.batch_size % self.minibatches:
             raise self.refusal("batch_size", self.batch_size,
                                f"must be a multiple of minibatches ({self.minibatches})")
+        if (self.join or self.spares) and not self.elastic:
+            raise self.refusal("join" if self.join else "spares", True if self.join else
+                               self.spares, "needs elastic (joins run on agreed views)")
         check_run(self)  # overlap, budgets and checkpoints against the strategy
 
     def check_labels(self, factory: Callable) -> None:

@@ -64,6 +64,8 @@ class Peer:
             the survivors agree on a view of the members without the dead peer and go on
             (gossip/strategies/elastic.py); others refuse it.
         min_peers: In an elastic run, fewer members than this end it (PeerGone).
+        spares: In an elastic run, the topology's last ``spares`` ranks are not members at
+            first: peers started on them join the running ones (``enter``).
         **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce; ``compressor``
             may be a compressor's name (with its options, e.g. ``density``) or a Compressor.
 
@@ -78,7 +80,7 @@ class Peer:
                  key_file: str | Path | None = None, dead_after: float = DEAD_AFTER_S,
                  keep_for_rejoin: bool = False, send_delay: float = 0.0,
                  comm_threads: int | None = None, rendezvous=None, attack: Attack | None = None,
-                 elastic: bool = False, min_peers: int = 1, **options: Any):
+                 elastic: bool = False, min_peers: int = 1, spares: int = 0, **options: Any):
         if not 0 <= rank < topology.size:
             raise ConfigError(f"rank {rank} is not in the topology (ranks 0..{topology.size - 1})")
         # The strategy's options parsed once, here, and the matrix checked now (overlap
@@ -88,6 +90,13 @@ class Peer:
         if not isinstance(min_peers, int) or not 1 <= min_peers <= topology.size:
             raise ConfigError(f"min_peers must be an integer in 1..{topology.size} (the "
                               f"topology's peers), got {min_peers!r}")
+        if not isinstance(spares, int) or not 0 <= spares < topology.size \
+                or spares and not elastic:
+            raise ConfigError(f"spares must be an integer in 0..{topology.size - 1} (the "
+                              f"topology's peers less one), with elastic, got {spares!r}")
+        if spares and rendezvous is not None:
+            raise ConfigError("spares: not with a rendezvous yet (a joiner runs on a spare "
+                              "rank of a static topology)")
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         if dead_after <= 0:
@@ -99,7 +108,7 @@ class Peer:
         if attack is not None and not isinstance(attack, Attack):
             raise ConfigError(f"attack must be a gossip.attacks.Attack, got {attack!r}")
         self.attack = None if attack is None else attack.resolved(rank, topology.size)
-        self.elastic, self.min_peers = elastic, min_peers
+        self.elastic, self.min_peers, self.spares = elastic, min_peers, spares
         self.leave_requested = False  # request_leave: the training loop leaves after its round
         self.rank = rank
         self.topology = topology
@@ -133,7 +142,7 @@ class Peer:
         if self.keep_for_rejoin:
             self.transport.membership.keep_for_rejoin()
         if self.elastic:
-            self.transport.membership.elastic(self.min_peers)
+            self.transport.membership.elastic(self.min_peers, self.spares)
         if self.attack is not None:
             self.transport = Attacker(self.transport, self.attack, self.topology)
         try:
@@ -252,6 +261,27 @@ class Peer:
         if self.elastic:
             with self.communicating():
                 self.strategy.leave()
+
+    def enter(self) -> tuple[int, bytes] | None:
+        """On a spare rank of an elastic run: join the running members; returns the round
+        to run from (also ``self.round``) and the state its donor handed over, or None if
+        the members ended the run before admitting this peer."""
+        if not self.elastic or self.rank < self.topology.size - self.spares:
+            raise ConfigError(f"rank {self.rank} cannot join: only the last {self.spares} "
+                              f"rank(s) of an elastic run's topology (spares) join it")
+        with self.communicating():
+            entered = self.strategy.enter()
+        if entered is not None:
+            self.round = entered[0]
+        return entered
+
+    def hand_over(self, round: int, state) -> list[int]:
+        """In an elastic run, after completing ``round``: send ``state()`` (bytes) to the
+        peers joining at the next round that this peer is the donor of; returns them."""
+        if not self.elastic:
+            return []
+        with self.communicating():
+            return self.strategy.hand_over(round, state)
 
     @property
     def clock(self):

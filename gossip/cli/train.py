@@ -4,6 +4,7 @@ gossip/cli/flags.py's."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import signal
@@ -87,7 +88,7 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
               attack=config.attack.for_rank(rank, seed=config.seed),
               dead_after=config.dead_after, keep_for_rejoin=config.checkpoint_every > 0,
               rendezvous=meeting.rendezvous, elastic=config.elastic,
-              min_peers=config.min_peers) as node:
+              min_peers=config.min_peers, spares=config.spares) as node:
         if config.elastic:
             _leave_on_sigterm(node)
         agreed = meeting.settle(node, run_dir, config, checkpoint_path)
@@ -161,15 +162,21 @@ def _device(shared, rank: int, node, timeout: float):
                    "--run-dir, --topology and --config).")
 @click.option("--tolerate-deaths", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="N", help=TOLERATE_HELP)
+@click.option("--churn", metavar="SCHEDULE",
+              help="With --elastic: peers join, leave (SIGTERM) and are killed (SIGKILL) at "
+                   "rounds, e.g. join@10,leave:3@20,kill:5@30; joiners run on spare ranks "
+                   "after --peers (a --topology's last ones); membership.jsonl records it.")
 @fail_cleanly
 def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key_dir,
-           checkpoint_dir, resume, tolerate_deaths, config_path, strategy_options, **flags):
+           checkpoint_dir, resume, tolerate_deaths, churn, config_path, strategy_options,
+           **flags):
     """Start every local peer, show progress, print a per-peer summary.
 
     With no arguments: the demo, 4 peers on a ring training the digits MLP with dpsgd.
     """
     from gossip.cli.summary import run_summary
     from gossip.crossover.connect import device_config
+    from gossip.launching import churn as churns
     from gossip.launching.plan import launch_run
     from gossip.launching.processes import LaunchFailed, check_deaths
     from gossip.matrix import check_run
@@ -179,10 +186,22 @@ def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key
     config = train_config(config_path, strategy_options, **flags)
     shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
                            job=flags["job"])
+    events = []
+    if churn:
+        if not config.elastic:
+            raise ConfigError("--churn: only with --elastic (joins and leaves run on the "
+                              "members' agreed views)")
+        joins = churns.joins_in(churn)  # parsed below, once the initial peers are known
+        if topology_path:
+            peers = Topology.from_yaml(topology_path).size - joins
+        else:
+            peers = (peers or generated_topology(graph, None, graph_options).size)
+        events = churns.parse(churn, peers)
+        config = dataclasses.replace(config, spares=len(churns.joiners(events)))
     if topology_path:
         topology = Topology.from_yaml(topology_path)
     else:
-        topology = generated_topology(graph, peers, graph_options)
+        topology = generated_topology(graph, peers and peers + config.spares, graph_options)
         topology = topology.relocated(ports=free_ports(topology.size))
     if key_dir:
         topology = topology.with_keys(key_dir)
@@ -208,6 +227,7 @@ def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key
                             rate=(rate or DEFAULT_RATE) if netns else None,
                             extra_config={"device": shared.to_dict()} if shared else None,
                             peer_args=peer_args, progress=config.strategy, on_ready=announce,
+                            churn=events,
                             on_death=lambda death: click.echo(
                                 f"{death.describe()}; the others go on"))
         click.echo(run_summary(run_dir, result.ranks, result.deaths))

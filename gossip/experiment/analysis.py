@@ -56,6 +56,7 @@ class Curve:
     link_bytes: np.ndarray = field(default_factory=lambda: np.empty(0))
     values: dict[str, np.ndarray] = field(default_factory=dict)  # metric -> per round, mean
     config: dict[str, Any] = field(default_factory=dict)  # the run's config.yaml
+    peers: np.ndarray = field(default_factory=lambda: np.empty(0))  # recording each round
 
     def time_to(self, target: float) -> float | None:
         """Seconds until the smoothed loss first reached ``target`` (None: never)."""
@@ -90,11 +91,14 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
         raise ConfigError(f"{run_dir}: no metrics recorded")
     if _asynchronous(train.get("strategy"), train.get("options") or {}):
         rows = _rows_in_time_order(peers)
+    elif (run_dir / "membership.jsonl").exists():  # a churn run: members come and go
+        rows = _rows_by_round(peers)
     else:
         n = min(len(records) for records in peers)
         rows = [[records[i] for records in peers] for i in range(n)]
     n = len(rows)
-    firsts = [records[0] for records in peers]
+    firsts = [records[0] for records in peers if records[0]["round"] == 0] or [
+        records[0] for records in peers]  # joiners' clocks start later
     trained, sent, recv = _per_record(peers)
     if all("wall" in r for r in firsts):
         origin = max(r["wall"] - r["time"] for r in firsts)
@@ -102,7 +106,7 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
     else:  # older runs without wall clock: per-peer clocks, the slowest peer counts
         time = np.array([max(r["time"] for r in row) for row in rows])
     raw = np.array([_weighted_loss(row) for row in rows])
-    planned = train.get("minibatches", 1) * len(peers) * n
+    planned = train.get("minibatches", 1) * sum(len(row) for row in rows)
     finished = sum(r.get("minibatches", train.get("minibatches", 1)) for row in rows for r in row)
     strategy = train.get("strategy", "?")
     options = train.get("options") or {}
@@ -136,6 +140,7 @@ def load_curve(run_dir: Path, *, smooth: int = SMOOTH) -> Curve:
                                                 for row in rows])
                                  for key in RECORDED if any(key in r for r in firsts)}},
         config=config,
+        peers=np.array([len(row) for row in rows]),
     )
 
 
@@ -195,6 +200,16 @@ def _rows_in_time_order(peers: list[list[dict]]) -> list[list[dict]]:
     ordered = sorted((r for records in peers for r in records),
                      key=lambda r: (r.get("wall", r["time"]), r["round"]))
     return [ordered[i:i + size] for i in range(0, len(ordered) - size + 1, size)]
+
+
+def _rows_by_round(peers: list[list[dict]]) -> list[list[dict]]:
+    """A churn run's rounds: each round's records, from the peers that ran it (a joiner from
+    the round it joined at, a leaver up to its last)."""
+    by_round: dict[int, list[dict]] = {}
+    for records in peers:
+        for record in records:
+            by_round.setdefault(record["round"], []).append(record)
+    return [by_round[r] for r in sorted(by_round)]
 
 
 def _mean_known(values) -> float:

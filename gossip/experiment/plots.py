@@ -1,5 +1,6 @@
 """PNG figures of an experiment: loss vs time and bytes, accuracy vs round and bytes,
-consensus vs round; with a target, its metric vs training time and bytes per setting.
+consensus vs round, for a run whose membership changed (churn) peers vs round; with a
+target, its metric vs training time and bytes per setting.
 
 Runs of one family (e.g. ``dpsgd`` and ``nonblocking(dpsgd)``) share a colour; non-blocking
 runs are dashed.
@@ -24,13 +25,17 @@ FIGURES = {  # file -> (x attribute, x label, y attribute, y label, log y)
     "consensus_vs_round.png": ("rounds", "round", "consensus",
                                "consensus distance (mean squared)", True),
 }
+#: Drawn only when some run's peers changed over its rounds (``gossip launch --churn``).
+MEMBERSHIP = {"peers_vs_round.png": ("rounds", "round", "peers", "peers running", False)}
 
 
 def plot_curves(curves: Sequence[Curve], out: Path, *, target: float | None = None,
                 title: str = "", smooth: int = 1) -> list[Path]:
     """Write the FIGURES for ``curves`` into ``out``; returns their paths."""
     paths = []
-    for name, (x_attr, x_label, y_attr, y_label, log_y) in FIGURES.items():
+    churned = any(len(set(c.peers.tolist())) > 1 for c in curves)
+    for name, (x_attr, x_label, y_attr, y_label, log_y) in (
+            {**FIGURES, **MEMBERSHIP} if churned else FIGURES).items():
         def x_of(c, x_attr=x_attr):
             return getattr(c, x_attr) / (1e6 if x_attr == "bytes_sent" else 1)
 

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from gossip.cluster import VirtualCluster
 from gossip.config import TrainConfig
 from gossip.launching import processes as launch
+from gossip.launching.churn import Churn, Event, joiners
 from gossip.matrix import check_run
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
                peer_args: Sequence[str] = (), progress: str | None = None,
                on_ready: Callable[[Placement], None] | None = None,
                on_death: Callable[[launch.Death], None] | None = None,
-               zygote: Zygote | None = None) -> RunResult:
+               zygote: Zygote | None = None, churn: Sequence[Event] = ()) -> RunResult:
     """Run ``config`` on the local ranks of ``topology`` and wait until every peer ended.
 
     Writes ``run_dir/topology.yaml`` and ``run_dir/config.yaml`` (the training config,
@@ -65,6 +66,8 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
             any peer starts.
         on_death: Called with each peer that dies mid-run while the others go on (over the
             bar, if any); without it, any failure stops every peer (``launch.watch``).
+        churn: A churn schedule (gossip.launching.churn): its joiners' ranks start only at
+            their rounds, with ``--join``; its kills are not failures.
 
     Raises:
         LaunchFailed: a peer failed at start (or at all, without ``on_death``), or none
@@ -80,17 +83,22 @@ def launch_run(config: TrainConfig, topology: Topology, run_dir: str | Path, *,
         placement = place_run(config, topology, run_dir, cluster, extra_config)
         if on_ready is not None:
             on_ready(placement)
-        procs = launch.start_peers(
-            placement.ranks, run_dir, ["--topology", str(run_dir / "topology.yaml"),
-                                       "--config", str(run_dir / "config.yaml"), *peer_args],
-            wrap=cluster.command if cluster else None,
-            spawn=zygote.spawn(cluster.namespace if cluster else None) if zygote else None)
+        args = ["--topology", str(run_dir / "topology.yaml"),
+                "--config", str(run_dir / "config.yaml"), *peer_args]
+        how = {"wrap": cluster.command if cluster else None,
+               "spawn": zygote.spawn(cluster.namespace if cluster else None) if zygote else None}
+        later = joiners(churn)
+        procs = launch.start_peers([r for r in placement.ranks if r not in later], run_dir,
+                                   args, **how)
+        schedule = Churn(churn, lambda rank: launch.start_peers(
+            [rank], run_dir, [*args, "--join"], **how)[0], run_dir / "membership.jsonl")
         training = [rank for rank in placement.ranks if placement.topology.trains(rank)]
         with tqdm(total=config.rounds * len(training), unit="round", desc=progress,
                   disable=progress is None) as bar:
             report = None if on_death is None else lambda death: _over(bar, on_death, death)
             deaths = launch.watch(procs, on_progress=lambda done: bar.update(done - bar.n),
-                                  on_death=report, asynchronous=config.asynchronous)
+                                  on_death=report, asynchronous=config.asynchronous,
+                                  **schedule.watching())
     return RunResult(run_dir, placement.ranks, deaths, time.monotonic() - start)
 
 

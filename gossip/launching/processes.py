@@ -137,7 +137,9 @@ def popen(wrap: Callable[[int, list[str]], list[str]] | None = None) -> Spawn:
 
 def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],
           on_death: Callable[[Death], None] | None = None, *,
-          asynchronous: bool = False) -> list[Death]:
+          asynchronous: bool = False,
+          tick: Callable[[list[PeerProcess]], None] | None = None,
+          injected: Callable[[int], bool] = lambda rank: False) -> list[Death]:
     """Wait for every peer, reporting rounds done; returns the peers that died meanwhile.
 
     A peer failing before its first round stops everyone at once (LaunchFailed): the run
@@ -147,6 +149,8 @@ def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],
     Without ``on_death`` any failure stops everyone (a run that must be complete).
 
     ``asynchronous``: the peers count steps, not rounds (a death reports its samples too).
+    ``tick(procs)``: called at every poll; it may start more peers (appended to ``procs``)
+    or signal some (a churn schedule); ``injected(rank)``: whether a death was its doing.
 
     Raises:
         LaunchFailed: a peer failed at start (or at all, without ``on_death``), or no peer
@@ -155,13 +159,16 @@ def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],
     deaths: list[Death] = []
     try:
         while True:
-            done = sum(_rounds_done(p) for p in procs)
+            if tick is not None:
+                tick(procs)
+            done = sum(rounds_done(p) for p in procs)
             on_progress(done)
             for p in procs:
                 code = p.process.poll()
                 if code in (None, 0) or any(d.rank == p.rank for d in deaths):
                     continue
                 death = Death(p.rank, code, last_line=p.last_log_line(),
+                              injected=injected(p.rank),
                               **progress(read_jsonl(p.metrics_path)
                                          if p.metrics_path.exists() else [],
                                          asynchronous=asynchronous))
@@ -171,7 +178,7 @@ def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],
                 deaths.append(death)
                 on_death(death)
             if all(p.process.poll() is not None for p in procs):
-                on_progress(sum(_rounds_done(p) for p in procs))
+                on_progress(sum(rounds_done(p) for p in procs))
                 if len(deaths) == len(procs):
                     first, rest = deaths[0], deaths[1:]
                     others = (f"; the {len(rest)} other(s) stopped: "
@@ -188,17 +195,18 @@ def watch(procs: list[PeerProcess], on_progress: Callable[[int], None],
 def stop(procs: list[PeerProcess]) -> None:
     """SIGTERM every running peer's process group, SIGKILL what is left after a grace period."""
     for p in procs:
-        _signal(p, signal.SIGTERM)
+        send_signal(p, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
     for p in procs:
         try:
             p.process.wait(timeout=max(deadline - time.monotonic(), 0.01))
         except subprocess.TimeoutExpired:
-            _signal(p, signal.SIGKILL)
+            send_signal(p, signal.SIGKILL)
             p.process.wait()
 
 
-def _signal(p: PeerProcess, sig: int) -> None:
+def send_signal(p: PeerProcess, sig: int) -> None:
+    """Send ``sig`` to ``p``'s process group, if it still runs."""
     if p.process.poll() is None:
         try:
             os.killpg(p.process.pid, sig)
@@ -206,6 +214,7 @@ def _signal(p: PeerProcess, sig: int) -> None:
             pass
 
 
-def _rounds_done(p: PeerProcess) -> int:
+def rounds_done(p: PeerProcess) -> int:
+    """Rounds ``p`` recorded so far."""
     record = last_record(p.metrics_path)
     return record["round"] + 1 if record else 0

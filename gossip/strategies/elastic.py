@@ -18,6 +18,14 @@ adopted round keeps the state the interrupted one left (a strategy declares
 ``survives_death`` only where that is the state of a completed round: its residual depends
 on its own input alone).
 
+A peer joins (``enter``, on a spare id of the topology) by asking the members; the
+coordinator proposes a view with it, activated two rounds on (epochs.py); its donor sends it
+the training's state after the round before (``hand_over``: bytes the caller makes, checked
+by their blake2b on arrival), and it runs from the activation round on. The strategy's own
+state is not sent: the strategies that survive a death keep none but error-feedback
+residuals, which are never copied (a copy would count the donor's unsent mass twice), so a
+joiner starts with none.
+
 A member that leaves (``leave``) tells the others after its last round; they count it gone
 from the next round on (not dead) and agree on a view without it the same way. Before a
 member closes (``finish``) it runs one more round (of zeros) with the others: a member
@@ -26,16 +34,20 @@ still in the last round when a peer died then finds its donor there.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from gossip.errors import CollectiveAborted, PeerGone, ProtocolError
+from gossip.errors import CollectiveAborted, PeerGone, PeerTimeout, ProtocolError
 from gossip.strategies.base import Strategy
 from gossip.transport import Message
 from gossip.transport.epochs import Epochs, View
 
 ADOPT = "adopt"  # the kind (after the strategy's tag) carrying an adopted round's result
+HANDOVER = "handover"  # the kind carrying a joiner's state from its donor
+WAKE_S = 0.2  # how often a joiner waiting for its state looks for a newer view admitting it
 
 
 class ElasticRounds:
@@ -51,6 +63,9 @@ class ElasticRounds:
     def __init__(self, inner, epochs: Epochs, *, timeout: float):
         self.inner, self.epochs, self.timeout = inner, epochs, timeout
         self.adopt_kind = f"{inner.options.tag}.{ADOPT}"
+        self.handover_kind = f"{inner.options.tag}.{HANDOVER}"
+        if epochs.rank in epochs.view.members:  # epoch 0 leaves the spare ids out
+            inner.regroup(epochs.view.slot(epochs.rank), epochs.view.members, epochs.view.epoch)
         self.kept: tuple[int, torch.Tensor] | None = None  # (round, its result)
         self.recovered: dict[int, str] = {}  # round -> "adopted" (from a donor) or "redone"
         self.left = False
@@ -60,7 +75,7 @@ class ElasticRounds:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        return (*self.inner.kinds, self.adopt_kind)
+        return (*self.inner.kinds, self.adopt_kind, self.handover_kind)
 
     @property
     def view(self) -> View:
@@ -73,6 +88,9 @@ class ElasticRounds:
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
+        admitted = self.epochs.admit(round)
+        if admitted is not None:
+            self.inner.regroup(admitted.slot(self.epochs.rank), admitted.members, admitted.epoch)
         saved = self.inner.state_dict()  # e.g. a residual: a redo starts from it again
         while True:
             try:
@@ -99,12 +117,69 @@ class ElasticRounds:
         self.epochs.leave(-1 if self.kept is None else self.kept[0])
         self.left = True
 
+    def hand_over(self, round: int, state: Callable[[], bytes]) -> list[int]:
+        """After completing ``round``: as the donor of a join activated at the next round,
+        send ``state()`` (made once) to its joiners; returns them."""
+        view = self.epochs.scheduled
+        if view is None or view.round != round + 1:
+            return []
+        joiners = sorted(j for j, donor in view.joins.items() if donor == self.epochs.rank)
+        if joiners:
+            data = state()
+            for dst in joiners:
+                self.inner.transport.send(dst, Message(
+                    self.handover_kind, round, meta={"e": view.epoch, "hash": _digest(data)},
+                    buffers=(torch.frombuffer(bytearray(data), dtype=torch.uint8),)))
+        return joiners
+
+    def enter(self) -> tuple[int, bytes] | None:
+        """As a spare id: join the running members; returns the round to run from and the
+        state its donor sent (``hand_over``), checked against its blake2b; None if the
+        members ended the run before admitting this peer.
+
+        Raises:
+            PeerTimeout: no view admitted this peer, or its donor sent nothing, in time.
+            ProtocolError: the state does not match its hash.
+        """
+        epochs, transport = self.epochs, self.inner.transport
+        deadline = transport.clock.monotonic() + self.timeout
+        epochs.ask()
+        while True:
+            left = deadline - transport.clock.monotonic()
+            view = epochs.admission(max(left, 0.0))
+            if view is None:
+                return None
+            donor = view.joins[epochs.rank]
+            try:
+                msg = transport.recv(src=donor, kind=self.handover_kind, round=view.round - 1,
+                                     timeout=max(min(WAKE_S, left), 1e-3))
+            except PeerGone:  # the donor died: the members agree without it, then admit again
+                epochs.forget(view)
+                continue
+            except PeerTimeout:
+                if epochs.ended():
+                    return None
+                if transport.clock.monotonic() >= deadline:
+                    raise PeerTimeout(f"rank {epochs.rank}: peer {donor} sent no state for "
+                                      f"view {view.epoch} within {self.timeout:g} s") from None
+                continue  # a newer view may admit this peer instead
+            if msg.meta.get("e") != view.epoch:
+                continue  # a dropped view's
+            data = msg.buffers[0].numpy().tobytes()
+            if msg.meta.get("hash") != _digest(data):
+                raise ProtocolError(f"rank {epochs.rank}: the state peer {donor} sent for view "
+                                    f"{view.epoch} does not match its blake2b")
+            epochs.install(view)
+            self.inner.regroup(view.slot(epochs.rank), view.members, view.epoch)
+            return view.round, data
+
     def finish(self) -> None:
         """A last round of zeros with every member (see the module docstring); the
         strategy's state is left as the training's last round left it."""
         self.inner.finish()
         if self.left or self.kept is None:
             return
+        self.epochs.cancel()  # a join due after the last round: nobody runs it
         last, result = self.kept
         state = self.inner.state_dict()
         self.synchronize(torch.zeros_like(result), last + 1)  # the strategy's own length
@@ -137,3 +212,7 @@ class ElasticRounds:
                                 f"{x.dtype}")
         self.recovered[round] = "adopted"
         return result.view_as(x)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()

@@ -8,6 +8,7 @@ virtual time runs this same loop.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import math
 import threading
@@ -129,6 +130,31 @@ class Trainer:
             for line in earlier:
                 self.metrics.write(line)
 
+    def enter(self) -> None:
+        """On a spare rank of an elastic run: join the running members (``Peer.enter``),
+        starting from its donor's model and optimizer state at the round it joins at (no
+        round at all if the run ended first)."""
+        entered = self.peer.enter()
+        if entered is None:
+            log.warning("rank %d: the run ended before this peer was admitted",
+                        self.peer.rank)
+            self.first_round = self.config.rounds  # no round left
+            return
+        self.first_round, data = entered
+        state = torch.load(io.BytesIO(data), weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        log.warning("rank %d: joined at round %d from peer %d's state %s", self.peer.rank,
+                    self.first_round, self.peer.view.joins[self.peer.rank],
+                    state_hash(self.model, self.optimizer))
+
+    def snapshot(self) -> bytes:
+        """The state a joiner starts from: model and optimizer (``enter``)."""
+        buffer = io.BytesIO()
+        torch.save({"model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict()}, buffer)
+        return buffer.getvalue()
+
     def run(self) -> Record | None:
         """Train the remaining rounds; returns the last one's record (None if none was left)."""
         self.started = self.clock.monotonic()  # a rejoin's wait is not training time
@@ -140,6 +166,7 @@ class Trainer:
                 self.metrics.write(line)
             if self.on_round is not None:
                 self.on_round(line)
+            self.peer.hand_over(round, self.snapshot)  # a joiner's state, if this peer donates
             if (self.checkpoint_path is not None and self.config.checkpoint_every
                     and (round + 1) % self.config.checkpoint_every == 0):
                 self.checkpoint(record)
@@ -326,6 +353,8 @@ def train(peer: Peer, config: TrainConfig, *, metrics: MetricsWriter | None = No
                       metrics=metrics, on_round=on_round, on_minibatch=on_minibatch)
     if resume:
         trainer.resume(history, round=resume_round)
+    elif config.join:
+        trainer.enter()
     last = runner(trainer).run()
     return {} if last is None else last.as_dict()
 

@@ -16,6 +16,17 @@ inside the transport, never returned by ``recv``):
 * ``ctl.leave {round}``: the sender completed ``round`` and leaves (``leave``): from the next
   round on it counts as gone, but not as dead; the receiver says goodbye to it at once (it
   needs nothing more from it, and the leaver waits for its contacts' goodbyes).
+* ``ctl.enter {}``: the sender, a spare id not in any view yet, asks to join (``ask``).
+
+A join is admitted at a round boundary (``admit``): the coordinator, at the start of its round
+r, proposes the view with every asking peer added, activated at round r + MARGIN, each joiner
+given a donor (the old members round-robin, from the epoch on, so joins spread), and sends it
+to every member of it; each member installs it when it starts that round. No member starts
+round r + 2 before completing r + 1, which needs the coordinator's input, sent after the view.
+A coordinator proposes nothing while a join it proposed is not yet installed, so racing joins
+get one view each or one view together. A death before the activation drops the scheduled
+view (``reform``), and the next agreement's epoch is past it, so no number is used twice; the
+joiners still asking are admitted by a later view.
 
 The coordinator is the lowest id of the installed view not known gone, a rule every member
 computes from the same evidence (``ctl.gone`` reaches every survivor). It decides once it has a
@@ -41,9 +52,10 @@ from gossip.transport.message import Message
 
 log = logging.getLogger("gossip.transport")
 
-STATE, VIEW, LEAVE = "ctl.state", "ctl.view", "ctl.leave"
-KINDS = frozenset({STATE, VIEW, LEAVE})
+STATE, VIEW, LEAVE, ENTER = "ctl.state", "ctl.view", "ctl.leave", "ctl.enter"
+KINDS = frozenset({STATE, VIEW, LEAVE, ENTER})
 WAKE_S = 0.05  # how often a member waiting for a view looks whether its coordinator died
+MARGIN = 2  # a join's view activates this many rounds after its proposal (spec section 3)
 
 
 @dataclass(frozen=True)
@@ -55,12 +67,15 @@ class View:
         members: The member ids, sorted; ``slot(id)`` is the rank a strategy uses.
         round: The first round run on it (a round nobody completed is redone on it).
         acks: Per member, the last round it had completed when the view was agreed.
+        joins: Per member that joins with this view, the member that gives it the state of
+            round ``round - 1`` (its donor).
     """
 
     epoch: int
     members: tuple[int, ...]
     round: int = 0
     acks: Mapping[int, int] = field(default_factory=dict)
+    joins: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -84,7 +99,8 @@ class View:
 
     def as_meta(self) -> dict:
         return {"e": self.epoch, "members": list(self.members), "round": self.round,
-                "acks": [[m, lc] for m, lc in sorted(self.acks.items())]}
+                "acks": [[m, lc] for m, lc in sorted(self.acks.items())],
+                "joins": [[m, d] for m, d in sorted(self.joins.items())]}
 
 
 class Epochs:
@@ -107,8 +123,12 @@ class Epochs:
                  describe: Callable[[int], str], clock,
                  farewell: Callable[[int], None] = lambda member: None):
         self.rank, self.min_peers = rank, min_peers
-        self.view = View(0, tuple(sorted(members)))
-        self.history = [self.view]  # every view installed here, in order
+        self.first = tuple(sorted(members))  # epoch 0's members: whom a joiner asks
+        # a joiner's own view is itself alone until it is admitted: no loss among the
+        # members it asked stops the receive of its state (only its donor's death does)
+        self.view = View(0, self.first if rank in self.first else (rank,))
+        # every view installed here, in order (a joiner's from the one admitting it)
+        self.history = [self.view] if rank in self.first else []
         self.leaving: dict[int, int] = {}  # member -> the last round it runs
         self._farewell = farewell
         self.stale = 0  # messages of older epochs dropped (strategies count them here)
@@ -118,6 +138,10 @@ class Epochs:
         self._describe, self._clock = describe, clock
         self._states: dict[int, Mapping] = {}  # the coordinator's: member -> its ctl.state
         self._offered: View | None = None  # a newer view from a live coordinator, not yet taken
+        self.asking: set[int] = set()  # ids that asked to join and are not members yet
+        self.scheduled: View | None = None  # a join's view, installed at its round
+        self._passed = 0  # the newest epoch proposed (maybe dropped): numbers never reused
+        self.closing = False  # this member runs its closing round: it admits nobody more
 
     # -- messages (called by Membership) -----------------------------------------------------
     @staticmethod
@@ -126,6 +150,8 @@ class Epochs:
         meta = msg.meta
         if msg.kind == LEAVE:
             _ints(meta, "round")
+            return
+        if msg.kind == ENTER:
             return
         _ints(meta, "e")
         members = meta.get("members")
@@ -143,11 +169,20 @@ class Epochs:
                     isinstance(a, list) and len(a) == 2 and _is_int(a[0]) and _is_int(a[1])
                     for a in acks):
                 raise ValueError(f"acks={acks!r} is not a list of [id, round]")
+            joins = meta.get("joins", [])
+            if not isinstance(joins, list) or not all(
+                    isinstance(j, list) and len(j) == 2 and j[0] in members and j[1] in members
+                    for j in joins):
+                raise ValueError(f"joins={joins!r} is not a list of [member, donor]")
 
     def control(self, msg: Message) -> None:
         meta = msg.meta
         if msg.kind == STATE:
             self._states[msg.src] = meta
+            return
+        if msg.kind == ENTER:
+            if msg.src not in self.view.members:
+                self.asking.add(msg.src)
             return
         if msg.kind == LEAVE:
             self.leaving[msg.src] = meta["round"]
@@ -156,12 +191,15 @@ class Epochs:
             self._farewell(msg.src)
             return
         view = View(meta["e"], tuple(sorted(meta["members"])), meta["round"],
-                    {m: lc for m, lc in meta["acks"]})
-        if msg.src in self._gone() or view.epoch <= self.view.epoch:
+                    {m: lc for m, lc in meta["acks"]}, {m: d for m, d in meta.get("joins", [])})
+        if msg.src in self._gone() or view.epoch <= max(self.view.epoch, self._passed):
             log.info("rank %d: ignored view %d from peer %d (installed %d)", self.rank,
                      view.epoch, msg.src, self.view.epoch)
             return
-        if self._offered is None or view.epoch > self._offered.epoch:
+        if view.joins:
+            self.scheduled = view
+            self._passed = view.epoch
+        elif self._offered is None or view.epoch > self._offered.epoch:
             self._offered = view
 
     def gone_for(self, round: int | None) -> list[int]:
@@ -174,6 +212,77 @@ class Epochs:
         for dst in self.view.members:
             if dst != self.rank and dst not in self._gone():
                 self._send(dst, Message(LEAVE, max(last, 0), meta={"round": last}))
+
+    # -- joins ----------------------------------------------------------------------------------
+    def ask(self) -> None:
+        """As a spare id: ask epoch 0's members to join."""
+        for dst in self.first:
+            self._send(dst, Message(ENTER, 0, meta={}))
+
+    def admit(self, round: int) -> View | None:
+        """At the start of ``round``: install the join's view due now (returned), or, as the
+        coordinator, propose one for the peers asking (installed MARGIN rounds later)."""
+        view = self.scheduled
+        if view is not None and view.round <= round:
+            self.scheduled = None
+            self.asking -= set(view.members)
+            return self._install(view)
+        gone = self._gone()
+        alive = [m for m in self.view.members if m not in gone]
+        joiners = sorted(self.asking - set(self.view.members) - gone)
+        if view is not None or self.closing or not joiners or not alive \
+                or min(alive) != self.rank:
+            return None
+        epoch = max(self.view.epoch, self._passed) + 1
+        view = View(epoch, tuple(sorted(alive + joiners)), round + MARGIN,
+                    joins={j: alive[(epoch + i) % len(alive)] for i, j in enumerate(joiners)})
+        for dst in view.members:
+            if dst != self.rank:
+                self._send(dst, Message(VIEW, max(round, 0), meta=view.as_meta()))
+        log.warning("rank %d: proposed view %d admitting %s from round %d", self.rank, epoch,
+                    joiners, view.round)
+        self.agreements += 1
+        self.scheduled, self._passed = view, epoch
+        return None
+
+    def admission(self, timeout: float) -> View | None:
+        """As a joiner: wait for the newest view that admits this id (not installed: its
+        donor's state comes first); None once every member asked has gone (said goodbye:
+        the run ended before admitting it).
+
+        Raises:
+            PeerTimeout: no view admitted it within ``timeout`` s.
+        """
+        deadline = self._clock.monotonic() + timeout
+        while self.scheduled is None or self.rank not in self.scheduled.joins:
+            if self.ended():
+                return None
+            if self._clock.monotonic() >= deadline:
+                raise PeerTimeout(f"rank {self.rank}: no view admitted this peer within "
+                                  f"{timeout:g} s (asked {list(self.first)})")
+            self._wait(WAKE_S)
+        return self.scheduled
+
+    def cancel(self) -> None:
+        """As a member closing: admit nobody more, and drop a join's view not installed
+        yet. Every member closes after the same last round, so all drop it (its joiner, if
+        its state came, runs no round; else it sees the members go)."""
+        self.scheduled = None
+        self.closing = True
+
+    def forget(self, view: View) -> None:
+        """As a joiner: ``view``'s donor died before sending; wait for a newer view."""
+        if self.scheduled == view:
+            self.scheduled = None
+
+    def ended(self) -> bool:
+        """As a joiner: whether every member it asked has gone (the run is over for it)."""
+        return set(self.first) <= self._gone()
+
+    def install(self, view: View) -> View:
+        """As a joiner: run on ``view`` (from ``admission``) from now on."""
+        self.scheduled = None
+        return self._install(view)
 
     # -- agreement ------------------------------------------------------------------------------
     def reform(self, completed: int, timeout: float) -> View:
@@ -188,6 +297,10 @@ class Epochs:
         clock = self._clock
         deadline = clock.monotonic() + timeout
         told = None
+        if self.scheduled is not None:  # a join not installed yet: dropped, asked again later
+            log.warning("rank %d: dropped view %d (a join) for the agreement on a death",
+                        self.rank, self.scheduled.epoch)
+            self.scheduled = None
         while True:
             if self._offered is not None:
                 view, self._offered = self._offered, None
@@ -196,7 +309,9 @@ class Epochs:
             alive = [m for m in self.view.members if m not in gone]
             self._check_enough(alive, self.view.members)
             coordinator = min(alive)
-            state = {"e": self.view.epoch, "members": list(self.view.members), "lc": completed,
+            # e: past any join proposed; v: the view installed (a join's, where it was)
+            state = {"e": max(self.view.epoch, self._passed), "v": self.view.epoch,
+                     "members": list(self.view.members), "lc": completed,
                      "lost": sorted(gone & set(self.view.members))}
             if coordinator == self.rank:
                 self._states[self.rank] = state
@@ -221,7 +336,7 @@ class Epochs:
         states = dict(self._states)
         for state in states.values():
             gone = gone | set(state["lost"])
-        base = max(states.values(), key=lambda s: s["e"])
+        base = max(states.values(), key=lambda s: (s["e"], s.get("v", s["e"])))
         members = [m for m in sorted(base["members"]) if m not in gone]
         if any(m not in states for m in members):
             return None

@@ -133,13 +133,15 @@ class Membership:
         if self._replay is None:
             self._replay = {}
 
-    def elastic(self, min_peers: int) -> Epochs:
+    def elastic(self, min_peers: int, spares: int = 0) -> Epochs:
         """Run all-peer exchanges on agreed views of the members (epochs.py) from now on,
-        down to ``min_peers`` members."""
+        down to ``min_peers`` members; the last ``spares`` ranks are not members at first
+        (they may join)."""
         if self.epochs is None:
             net = self._net
             self.epochs = Epochs(
-                net.rank, range(net.size or 1), min_peers=min_peers, send=self._send_message,
+                net.rank, range((net.size or 1) - spares), min_peers=min_peers,
+                send=self._send_message,
                 wait=net.wait, gone=lambda: set(self.lost) | set(net.departed()),
                 describe=net.describe, clock=net.clock, farewell=net.farewell)
         return self.epochs

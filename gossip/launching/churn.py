@@ -1,0 +1,130 @@
+"""A churn schedule (`gossip launch --churn join@10,leave:3@20,kill:5@30`): peers joining,
+leaving and killed during an elastic run, and the record of its membership over time.
+
+``join@R`` starts a peer on the next spare rank (after the initial ones, in the schedule's
+order) with ``--join`` once some peer recorded R rounds; ``leave:K@R`` sends rank K SIGTERM
+(it leaves after its round under way) and ``kill:K@R`` SIGKILL, once K itself recorded R
+rounds. Each event is appended to ``membership.jsonl`` in the run directory as it happens;
+a kill is a death the run injected, not a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gossip.errors import ConfigError
+from gossip.launching.processes import PeerProcess, rounds_done, send_signal
+
+ACTIONS = {"join": None, "leave": signal.SIGTERM, "kill": signal.SIGKILL}
+FORM = "ACTION[:RANK]@ROUND, e.g. join@10,leave:3@20,kill:5@30"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change: ``action`` of ``rank`` (a join's: the spare rank it runs on) at ``round``."""
+
+    action: str
+    rank: int
+    round: int
+
+
+def parse(text: str, peers: int) -> list[Event]:
+    """The events of ``text`` for a run of ``peers`` initial peers, in round order.
+
+    Raises:
+        ConfigError: one line naming the item at fault.
+    """
+    events, joins = [], 0
+    for item in (part.strip() for part in text.split(",")):
+        what, at, when = item.partition("@")
+        action, colon, rank = what.partition(":")
+        if not at or not when.isdigit() or int(when) < 1:
+            raise ConfigError(f"--churn: {item!r} is not {FORM} (ROUND >= 1)")
+        if action not in ACTIONS:
+            raise ConfigError(f"--churn: {action!r} in {item!r} is not one of "
+                              f"{', '.join(ACTIONS)}")
+        if action == "join":
+            if colon:
+                raise ConfigError(f"--churn: {item!r}: a join takes no rank (it runs on the "
+                                  f"next spare one)")
+            events.append(Event(action, peers + joins, int(when)))
+            joins += 1
+        elif not rank.isdigit():
+            raise ConfigError(f"--churn: {item!r} names no rank ({action}:RANK@ROUND)")
+        else:
+            events.append(Event(action, int(rank), int(when)))
+    ranks = peers + joins
+    for event in events:
+        if event.action != "join" and event.rank >= ranks:
+            raise ConfigError(f"--churn: {event.action}:{event.rank}@{event.round}: no rank "
+                              f"{event.rank} (ranks 0..{ranks - 1}, joiners included)")
+    gone = [e.rank for e in events if e.action != "join"]
+    if len(set(gone)) < len(gone):
+        raise ConfigError(f"--churn: a rank leaves or is killed twice ({text})")
+    if len(gone) >= ranks:
+        raise ConfigError(f"--churn: every peer would leave or be killed ({text})")
+    return sorted(events, key=lambda e: e.round)
+
+
+def joins_in(text: str) -> int:
+    """How many joins ``text`` schedules (before it can be parsed: they size the topology)."""
+    return sum(part.strip().startswith("join") for part in text.split(","))
+
+
+def joiners(events: Sequence[Event]) -> list[int]:
+    """The spare ranks the schedule's joins run on."""
+    return [e.rank for e in events if e.action == "join"]
+
+
+class Churn:
+    """The schedule's events, each done once its round is reached (``tick``).
+
+    Args:
+        events: From ``parse``.
+        start: ``start(rank)``: start a joiner's peer process.
+        log_path: Where each event is appended as a JSON line.
+    """
+
+    def __init__(self, events: Sequence[Event], start: Callable[[int], PeerProcess],
+                 log_path: Path):
+        self.pending = list(events)
+        self.start, self.log_path = start, log_path
+        self.killed: set[int] = set()  # ranks the schedule killed: injected deaths
+        self.began = time.monotonic()
+
+    def watching(self) -> dict:
+        """``launch.watch``'s arguments for this schedule (none for an empty one)."""
+        return {"tick": self.tick, "injected": self.killed.__contains__} if self.pending else {}
+
+    def tick(self, procs: list[PeerProcess]) -> None:
+        """Do every event due (a joiner's process is appended to ``procs``)."""
+        running = {p.rank: p for p in procs}
+        reached = max((rounds_done(p) for p in procs), default=0)
+        for event in list(self.pending):
+            if event.action == "join":
+                if reached < event.round:
+                    continue
+                procs.append(self.start(event.rank))
+            else:
+                p = running.get(event.rank)
+                if p is None:
+                    continue  # a joiner not started yet
+                if p.process.poll() is None and rounds_done(p) < event.round:
+                    continue
+                if p.process.poll() is None:
+                    send_signal(p, ACTIONS[event.action])
+                    if event.action == "kill":
+                        self.killed.add(event.rank)
+            self.pending.remove(event)
+            self._note(event, reached)
+
+    def _note(self, event: Event, reached: int) -> None:
+        line = {"time": round(time.monotonic() - self.began, 3), "event": event.action,
+                "rank": event.rank, "round": event.round, "reached": reached}
+        with open(self.log_path, "a") as out:
+            out.write(json.dumps(line) + "\n")

@@ -1,0 +1,63 @@
+"""`gossip launch --churn`: the schedule's parsing and its one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from gossip.errors import ConfigError
+from gossip.launching.churn import Event, joiners, joins_in, parse
+
+
+def test_a_schedule_in_round_order_joiners_on_the_spare_ranks():
+    events = parse("kill:5@30, join@10,leave:3@20,join@12", 6)
+    assert events == [Event("join", 6, 10), Event("join", 7, 12), Event("leave", 3, 20),
+                      Event("kill", 5, 30)]
+    assert joiners(events) == [6, 7] and joins_in("join@10,leave:3@20,join@12") == 2
+    assert parse("join@1,kill:5@3", 5) == [Event("join", 5, 1), Event("kill", 5, 3)]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("join10", "is not ACTION[:RANK]@ROUND"), ("leave:3@0", "ROUND >= 1"),
+    ("quit:3@5", "'quit' in 'quit:3@5' is not one of join, leave, kill"),
+    ("join:4@5", "a join takes no rank"), ("kill@5", "names no rank"),
+    ("kill:9@5", "no rank 9 (ranks 0..4"), ("leave:1@5,kill:1@9", "twice"),
+    ("kill:0@2,kill:1@2", "every peer"), ("", "is not ACTION")])
+def test_bad_schedules_are_refused_in_one_line(text, says):
+    with pytest.raises(ConfigError) as info:
+        parse(text, 2 if "every" in says else 5)
+    assert says in str(info.value) and "\n" not in str(info.value)
+    assert str(info.value).startswith("--churn: ")
+
+
+def test_launch_refuses_churn_without_elastic_or_with_a_strategy_that_cannot_join(tmp_path):
+    from click.testing import CliRunner
+
+    from gossip.cli import main
+
+    runner = CliRunner()
+    out = runner.invoke(main, ["launch", "--churn", "join@3", "--run-dir", str(tmp_path / "a")])
+    assert out.exit_code != 0 and "--churn: only with --elastic" in out.output
+    out = runner.invoke(main, ["launch", "--churn", "join@3", "--elastic", "--strategy", "dpsgd",
+                               "--run-dir", str(tmp_path / "b")])
+    assert out.exit_code != 0 and "survives_death" in out.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_churn_runs_curve_counts_each_rounds_peers(tmp_path):
+    """Rows by round, each with the peers that ran it (a joiner's first round is not row 0)."""
+    import json
+
+    from gossip.experiment.analysis import load_curve
+
+    ran = {0: range(5), 1: range(3), 2: range(2, 5)}  # 1 leaves after 2, 2 joins at 2
+    for rank, rounds in ran.items():
+        with open(tmp_path / f"peer-{rank}.jsonl", "w") as out:
+            for r in rounds:
+                out.write(json.dumps({"round": r, "time": r - rounds[0] + 1.0,
+                                      "wall": 100.0 + r, "loss": 1.0, "accuracy": 0.5,
+                                      "bytes_sent": 10 * r, "minibatches": 1,
+                                      "samples": 32}) + "\n")
+    (tmp_path / "membership.jsonl").write_text('{"event": "join"}\n')
+    curve = load_curve(tmp_path)
+    assert curve.peers.tolist() == [2, 2, 3, 2, 2] and curve.rounds.tolist() == list(range(5))
+    assert curve.time.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
