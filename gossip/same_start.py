@@ -44,8 +44,14 @@ def needs_check(peer) -> bool:
     """Whether ``peer`` starts a run whose exchanges keep every model equal: a gradient round
     0 with every rank taking part, not a restart (a rejoining peer's neighbours are past it)."""
     strategy = peer.strategy
-    return (peer.round == 0 and strategy.needs_every_peer and peer.topology.size > 1
+    return (peer.round == 0 and strategy.needs_every_peer and starting_members(peer) > 1
             and strategy.round_plan(0).operates_on == "grads")
+
+
+def starting_members(peer) -> int:
+    """Ranks 0..n-1 start the run: all but an elastic run's spares (they join later, from
+    a member's state)."""
+    return peer.topology.size - peer.spares
 
 
 def start_step(rank: int, size: int) -> Step:
@@ -61,7 +67,7 @@ def check_same_start(peer, params: Iterable[torch.Tensor]) -> None:
     Raises:
         ConfigError: they differ (the message names both ranks and the likely cause).
     """
-    transport, rank, size = peer.transport, peer.rank, peer.topology.size
+    transport, rank, size = peer.transport, peer.rank, starting_members(peer)
     transport.accept_kinds((KIND,))
     transport.membership.collective((KIND,))  # a peer that refused stops everyone's check
     mine = parameter_digest(params)
