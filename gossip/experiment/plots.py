@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from gossip.experiment.analysis import Curve
 
 FIGURES = {  # file -> (x attribute, x label, y attribute, y label, log y)
@@ -104,8 +106,10 @@ def _figure(curves: Sequence[Curve], path: Path, x_of, y_of, x_label: str, y_lab
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     for c in curves:
         x, y = x_of(c), y_of(c)
-        if positive:  # measured every eval_every rounds; 0 has no log
-            x, y = x[y > 0], y[y > 0]
+        measured = np.isfinite(y)  # scores every test_every rounds, consensus eval_every
+        if positive:  # 0 has no log
+            measured &= y > 0
+        x, y = x[measured], y[measured]
         ax.plot(x, y, label=c.name, color=colours[families.index(c.family) % len(colours)],
                 linestyle="--" if c.nonblocking else "-", linewidth=1.6)
     if target is not None:

@@ -32,7 +32,7 @@ def train(topology, strategy, seeds, *, attach: bool, steps: int = 2):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         data = torch.Generator().manual_seed(100 + rank)
         try:
-            with open_peer(rank, topology, strategy) as peer:
+            with open_peer(rank, topology, strategy, dead_after=1.0) as peer:
                 if attach:
                     peer.attach(model, bucket_mb=0.0002)  # several buckets
                 for _ in range(steps):
