@@ -8,7 +8,6 @@ virtual time runs this same loop.
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import math
 import threading
@@ -30,6 +29,7 @@ from gossip.tasks.emulated import emulate_device
 from gossip.training.asynchronous import AsyncRunner
 from gossip.training.consensus import ConsensusProbe, algorithm_bytes
 from gossip.training.records import Record, lines_before, state_hash
+from gossip.transport.state_bytes import state_from_bytes, state_to_bytes
 
 log = logging.getLogger("gossip.training")
 # torch's global RNG is shared by the threads of a process (peers run as threads in tests):
@@ -141,7 +141,7 @@ class Trainer:
             self.first_round = self.config.rounds  # no round left
             return
         self.first_round, data = entered
-        state = torch.load(io.BytesIO(data), weights_only=True)
+        state = state_from_bytes(data)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         log.warning("rank %d: joined at round %d from peer %d's state %s", self.peer.rank,
@@ -150,10 +150,8 @@ class Trainer:
 
     def snapshot(self) -> bytes:
         """The state a joiner starts from: model and optimizer (``enter``)."""
-        buffer = io.BytesIO()
-        torch.save({"model": self.model.state_dict(),
-                    "optimizer": self.optimizer.state_dict()}, buffer)
-        return buffer.getvalue()
+        return state_to_bytes({"model": self.model.state_dict(),
+                               "optimizer": self.optimizer.state_dict()})
 
     def run(self) -> Record | None:
         """Train the remaining rounds; returns the last one's record (None if none was left)."""
