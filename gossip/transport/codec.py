@@ -40,8 +40,8 @@ DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64,
     "bool": torch.bool,
 }
-_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-_ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in DTYPES.values()}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in DTYPES.values()}
 # Below this many bytes copying into the zmq message beats the zero-copy bookkeeping.
 ZERO_COPY_MIN_BYTES = 64 * 1024
 
@@ -54,7 +54,7 @@ def check_kind(kind: str) -> str:
 
 def host_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU uint8 view of ``tensor`` (staged through host memory if on a device)."""
-    if tensor.dtype not in _DTYPE_NAMES:
+    if tensor.dtype not in DTYPE_NAMES:
         raise ProtocolError(f"dtype {tensor.dtype} cannot be sent; allowed: {', '.join(DTYPES)}")
     flat = tensor.detach().reshape(-1)
     if flat.device.type != "cpu":
@@ -72,7 +72,7 @@ def encode(msg: Message, src: int) -> tuple[bytes, list[torch.Tensor]]:
         "round": int(msg.round),
         "src": int(src),
         "meta": dict(msg.meta),
-        "tensors": [{"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape)} for t in msg.buffers],
+        "tensors": [{"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape)} for t in msg.buffers],
     }
     return msgpack.packb(header, use_bin_type=True), frames
 
@@ -144,10 +144,10 @@ def decode(
         total += len(buf)
         if total > max_message_bytes:
             raise ProtocolError(f"message exceeds the size limit of {max_message_bytes} bytes")
-        expected = math.prod(shape) * _ITEMSIZE[dtype]
+        expected = math.prod(shape) * ITEMSIZE[dtype]
         if expected != len(buf):
             raise ProtocolError(
-                f"tensor {i}: shape {shape} of {_DTYPE_NAMES[dtype]} needs {expected} bytes, "
+                f"tensor {i}: shape {shape} of {DTYPE_NAMES[dtype]} needs {expected} bytes, "
                 f"frame has {len(buf)}"
             )
         buffers.append(_as_tensor(buf, dtype, shape))
@@ -156,7 +156,7 @@ def decode(
         for i, tensor in enumerate(buffers):
             if has_nonfinite(tensor):
                 raise ProtocolError(f"{kind} round {round} from peer {src}: tensor {i} "
-                                    f"({_DTYPE_NAMES[tensor.dtype]}) holds NaN or Inf")
+                                    f"({DTYPE_NAMES[tensor.dtype]}) holds NaN or Inf")
     return Message(kind=kind, round=round, src=src, meta=meta, buffers=tuple(buffers),
                    wire=tuple(wire))
 

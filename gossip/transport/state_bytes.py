@@ -16,10 +16,9 @@ import msgpack
 import torch
 
 from gossip.errors import ProtocolError
-from gossip.transport.codec import DTYPES, MAX_DIMS
+from gossip.transport.codec import DTYPE_NAMES, DTYPES, ITEMSIZE, MAX_DIMS
 
 TENSOR = 1  # the msgpack extension code of a tensor
-_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def state_to_bytes(state: Any) -> bytes:
@@ -49,12 +48,12 @@ def state_from_bytes(data: bytes) -> Any:
 
 
 def _pack_tensor(value: Any) -> msgpack.ExtType:
-    if not torch.is_tensor(value) or value.dtype not in _NAMES:
+    if not torch.is_tensor(value) or value.dtype not in DTYPE_NAMES:
         raise TypeError(f"cannot send {type(value).__name__} "
                         f"{getattr(value, 'dtype', '')} in a state")
     flat = value.detach().cpu().contiguous().reshape(-1)
     raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-    return msgpack.ExtType(TENSOR, msgpack.packb([_NAMES[value.dtype], list(value.shape), raw],
+    return msgpack.ExtType(TENSOR, msgpack.packb([DTYPE_NAMES[value.dtype], list(value.shape), raw],
                                                  use_bin_type=True))
 
 
@@ -68,8 +67,7 @@ def _unpack_tensor(code: int, data: bytes) -> torch.Tensor:
             and isinstance(spec[2], bytes)):
         raise ProtocolError("a malformed tensor in a state")
     dtype, shape, raw = DTYPES[spec[0]], spec[1], spec[2]
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if len(raw) != math.prod(shape) * itemsize:
+    if len(raw) != math.prod(shape) * ITEMSIZE[dtype]:
         raise ProtocolError(f"a {spec[0]} tensor of shape {shape} in a state holds "
                             f"{len(raw)} bytes")
     if not raw:
