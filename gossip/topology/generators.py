@@ -8,6 +8,7 @@ names the offending one in a ConfigError.
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 
 import networkx as nx
@@ -120,6 +121,35 @@ def erdos_renyi(n: int, *, p: float, seed: int = 0) -> nx.Graph:
         f"erdos_renyi: no connected graph with n={n}, p={p} in {_ER_MAX_TRIES} draws "
         f"from seed {seed}; raise p"
     )
+
+
+def near_torus(n: int) -> nx.Graph:
+    """A torus at any size (an elastic run's view of n members, spec elastic.md section 5):
+    rows x n/rows with rows the largest divisor of n at most sqrt(n), if that is at least
+    sqrt(n)/2; else the circulant ``i ~ i±1, i±ceil(sqrt(n))`` (degree 4 at any n)."""
+    root = math.sqrt(n)
+    rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    if rows >= root / 2:
+        return torus(n, rows=rows, cols=n // rows)
+    graph = _empty(n)
+    for hop in (1, math.ceil(root)):
+        graph.add_edges_from((i, (i + hop) % n) for i in range(n) if (i + hop) % n != i)
+    return graph
+
+
+#: How a generator whose parameters imply its size is evaluated at another size.
+RESIZED = {"torus": near_torus}
+
+
+def build_at(kind: str, n: int, **params) -> nx.Graph:
+    """``build`` at ``n`` peers: a kind whose parameters imply another size takes its
+    ``RESIZED`` form instead (a torus of other rows and columns)."""
+    if size_implied(kind):
+        try:
+            return build(kind, n, **params)
+        except TopologyError:
+            return RESIZED[kind](n)
+    return build(kind, n, **params)
 
 
 def size_implied(kind: str) -> bool:

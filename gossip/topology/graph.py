@@ -11,7 +11,7 @@ import numpy as np
 
 from gossip import keys
 from gossip.errors import ConfigError, TopologyError
-from gossip.topology import generators, io, weights
+from gossip.topology import generators, io, views, weights
 from gossip.topology.address import PeerAddress, check_peers, is_int
 from gossip.topology.roles import Roles
 
@@ -58,6 +58,8 @@ class Topology:
         key_dir: Directory holding the peers' ``peer-R.key`` secret keys (a peer finds its own
             there); the public keys themselves are the peers' ``public_key``.
         roles: Parameter-server roles (workers and servers); None: none given.
+        generator: The generator spec (``{"kind": ..., **params}``) the graph came from, by
+            which an elastic run's views regrow it (``view_graph``); None: explicit edges.
 
     Raises:
         TopologyError: Naming the field for any invalid peer, duplicate rank or address,
@@ -65,7 +67,8 @@ class Topology:
     """
 
     def __init__(self, graph: nx.Graph, peers: Sequence[PeerAddress], *, name: str | None = None,
-                 key_dir: str | Path | None = None, roles: Roles | None = None):
+                 key_dir: str | Path | None = None, roles: Roles | None = None,
+                 generator: dict | None = None):
         if name is not None and not isinstance(name, str):
             raise TopologyError(f"name: expected a string, got {name!r}")
         self._peers = check_peers(tuple(peers))
@@ -82,6 +85,7 @@ class Topology:
         if roles is not None and not {*roles.servers, *roles.workers} <= set(range(self.size)):
             raise TopologyError(f"roles: ranks outside 0..{self.size - 1}")
         self._roles = roles
+        self._generator = None if generator is None else dict(generator)
 
     # -- plain data -----------------------------------------------------------------
 
@@ -108,6 +112,17 @@ class Topology:
     def roles(self) -> Roles | None:
         """Parameter-server roles, if the topology gives any."""
         return self._roles
+
+    @property
+    def generator(self) -> dict | None:
+        """The generator spec the graph came from (None: explicit edges)."""
+        return None if self._generator is None else dict(self._generator)
+
+    def view_graph(self, members) -> nx.Graph:
+        """The graph of an elastic run's view of ``members`` (ids), on those ids: the
+        generator re-evaluated at their number over their sorted order, or the explicit
+        graph induced on them (gossip/topology/views.py)."""
+        return views.view_graph(self._graph, self._generator, members)
 
     def trains(self, rank: int) -> bool:
         """Whether ``rank`` trains: every rank does unless the roles make it a server only
@@ -138,7 +153,7 @@ class Topology:
             raise TopologyError(f"keys: {exc}") from None
         peers = [PeerAddress(p.rank, p.host, p.port, public[p.rank]) for p in self._peers]
         return Topology(self._graph, peers, name=self._name, key_dir=directory,
-                        roles=self._roles)
+                        roles=self._roles, generator=self._generator)
 
     def _rank(self, rank: int) -> int:
         if not is_int(rank) or not 0 <= rank < self.size:
@@ -191,7 +206,8 @@ class Topology:
         """
         try:
             parts = io.parse(data, size=size)
-            topology = cls(parts.graph, parts.peers, name=parts.name, roles=parts.roles)
+            topology = cls(parts.graph, parts.peers, name=parts.name, roles=parts.roles,
+                           generator=parts.generator)
             keys = io.key_dir(data, topology, Path(base_dir))
             return topology if keys is None else topology.with_keys(keys)
         except ConfigError as exc:
@@ -226,7 +242,7 @@ class Topology:
         graph = generators.build(kind, n, **params)
         size = graph.number_of_nodes()
         peers = [PeerAddress(rank, host, base_port + rank) for rank in range(size)]
-        return cls(graph, peers, name=f"{kind}-{size}")
+        return cls(graph, peers, name=f"{kind}-{size}", generator={"kind": kind, **params})
 
     def relocated(self, *, host: str | None = None, ports: Sequence[int] | None = None) -> Topology:
         """Same graph and name at new addresses (e.g. free ports found by the launcher).
@@ -247,7 +263,7 @@ class Topology:
             for peer in self._peers
         ]
         return Topology(self._graph, peers, name=self._name, key_dir=self._key_dir,
-                        roles=self._roles)
+                        roles=self._roles, generator=self._generator)
 
     # -- presentation ---------------------------------------------------------------
 

@@ -4,7 +4,7 @@
 a one-line TopologyError starting with the source (file path) and naming the offending
 field, e.g. ``topologies/x.yaml: peers[2].port: ...``. This module does not import the
 Topology: it writes any object with its ``name``, ``peers``, ``keyed``, ``key_dir``,
-``roles``, ``size`` and ``edges()``.
+``roles``, ``size``, ``edges()`` and ``generator``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from gossip.errors import ConfigError, TopologyError
 from gossip.topology import generators, roles
 from gossip.topology.address import PeerAddress, is_int
 
-_KEYS = ("name", "peers", "hosts", "size", "host", "base_port", "graph", "edges", "keys",
-         "servers")
+_KEYS = ("name", "peers", "hosts", "size", "host", "base_port", "graph", "edges", "generator",
+         "keys", "servers")
 _PEER_KEYS = ("rank", "host", "port", "public_key", "role")
 _REQUIRED_PEER_KEYS = ("rank", "host", "port")
 _DEFAULT_HOST = "127.0.0.1"
@@ -50,6 +50,8 @@ class TopologyParts(NamedTuple):
     peers: list[PeerAddress]
     graph: nx.Graph
     roles: roles.Roles | None = None
+    #: The generator spec (``{kind, params}``) the graph came from; None for explicit edges.
+    generator: dict | None = None
 
 
 def read(path: str | Path) -> Any:
@@ -107,7 +109,7 @@ def parse(data: Any, *, size: int | None = None) -> TopologyParts:
     graph = _parse_graph(data, len(peers))
     if found is not None:
         roles.check_graph(found, graph, "graph" if "graph" in data else "edges")
-    return TopologyParts(name, peers, graph, found)
+    return TopologyParts(name, peers, graph, found, _generator(data, graph))
 
 
 def key_dir(data: dict, topology, base_dir: Path) -> Path | None:
@@ -203,6 +205,27 @@ def _parse_graph(data: dict, size: int) -> nx.Graph:
     raise TopologyError("one of 'graph' (a generator) or 'edges' (explicit list) is required")
 
 
+def _generator(data: dict, graph: nx.Graph) -> dict | None:
+    """The generator a graph came from: ``graph:``'s, or the ``generator:`` written beside
+    the ``edges:`` it gave (``to_dict``), which must give those very edges."""
+    if "graph" in data:
+        if "generator" in data:
+            raise TopologyError("give 'generator' only beside 'edges' (a 'graph' is one)")
+        return {key: value for key, value in data["graph"].items() if key != "n"}
+    spec = data.get("generator")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
+        raise TopologyError(f"generator: expected a mapping like {{kind: ring}}, got {spec!r}")
+    try:
+        regenerated = _generated(spec, graph.number_of_nodes())
+    except TopologyError as exc:
+        raise TopologyError(f"generator: {exc}") from None
+    if sorted(map(sorted, regenerated.edges())) != sorted(map(sorted, graph.edges())):
+        raise TopologyError(f"generator: {spec['kind']} does not give these edges")
+    return dict(spec)
+
+
 def _generated(spec: Any, size: int) -> nx.Graph:
     if not isinstance(spec, dict):
         raise TopologyError(f"graph: expected a mapping like {{kind: ring}}, got {spec!r}")
@@ -282,6 +305,8 @@ def to_dict(topology) -> dict[str, Any]:
     if servers is not None:
         data["servers"] = servers
     data["edges"] = [[a, b] for a, b in topology.edges()]
+    if topology.generator is not None:  # an elastic run's views regrow by it
+        data["generator"] = dict(topology.generator)
     return data
 
 
