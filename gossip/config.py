@@ -79,7 +79,8 @@ class TrainConfig(Options):
     elastic: bool = option(
         False, "Survive deaths: the survivors agree on a view of the members without the dead "
                "peer and go on, every model bitwise equal (all-reduce strategies that declare "
-               "survives_death, e.g. ring-allreduce; others refuse it).")
+               "survives_death, e.g. ring-allreduce); gossip strategies that declare "
+               "mixes_on_views (dpsgd) rebuild their graph on each view; others refuse it.")
     min_peers: int = option(1, "With elastic: fewer peers left than this end the run.",
                             check=at_least(1))
     spares: int = option(0, "With elastic: the topology's last this many ranks are not members "

@@ -72,11 +72,11 @@ def _roles(held: Capabilities) -> str | None:
     return None
 
 
-def _survives(held: Capabilities) -> str | None:
-    if not held.get("survives_death"):
-        return ("it cannot go on without a dead peer on an agreed view (survives_death): "
-                "gossip strategies drop a dead neighbour without --elastic; all-reduce: "
-                "use ring-allreduce without a compressor, or topk-allgather")
+def _elastic(held: Capabilities) -> str | None:
+    if not held.get("survives_death") and not held.get("mixes_on_views"):
+        return ("it cannot run on agreed views of the members (neither survives_death nor "
+                "mixes_on_views): gossip: use dpsgd without staleness or robust; all-reduce: "
+                "ring-allreduce without a compressor, or topk-allgather")
     return None
 
 
@@ -96,7 +96,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("checkpoint", "checkpoint_every",
             _lockstep("a resumed job restarts at a round every peer reached")),
     Feature("cuda", "CUDA tensors", _anything),
-    Feature("elastic", "--elastic", _survives),
+    Feature("elastic", "--elastic", _elastic),
 )
 
 #: Pairs of modes that exclude each other whatever the strategy: (refused, in), why.

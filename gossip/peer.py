@@ -19,6 +19,7 @@ from gossip.rendezvous.meet import meet, transport_args
 from gossip.stepping import LocalStep, Stepper
 from gossip.strategies import DEFAULT, STRATEGIES, Strategy
 from gossip.strategies.elastic import ElasticRounds
+from gossip.strategies.elastic_gossip import ElasticGossip
 from gossip.threads import communication_threads, intra_op_threads, peers_on_this_machine
 from gossip.transport import DEAD_AFTER_S, TIMEOUT_S, Transport, ZmqTransport
 
@@ -62,7 +63,9 @@ class Peer:
             graph only (its addresses become the peers' on entering).
         elastic: Survive deaths (an all-peer strategy that declares ``survives_death``):
             the survivors agree on a view of the members without the dead peer and go on
-            (gossip/strategies/elastic.py); others refuse it.
+            (gossip/strategies/elastic.py); a gossip strategy that declares
+            ``mixes_on_views`` rebuilds its graph on each view of the members
+            (gossip/strategies/elastic_gossip.py); others refuse it.
         min_peers: In an elastic run, fewer members than this end it (PeerGone).
         spares: In an elastic run, the topology's last ``spares`` ranks are not members at
             first: peers started on them join the running ones (``enter``).
@@ -216,11 +219,14 @@ class Peer:
         self._check_transport_free("add a strategy")
         strategy = build(rank=self.rank, topology=self.topology, transport=self.transport)
         if self.elastic and self.strategy is None:  # the run's strategy, not a probe's
-            if not getattr(strategy, "survives_death", False):  # a factory's, known only now
+            # a factory's capabilities are known only now
+            wrapper = (ElasticRounds if getattr(strategy, "survives_death", False) else
+                       ElasticGossip if getattr(strategy, "mixes_on_views", False) else None)
+            if wrapper is None:
                 raise ConfigError(f"--elastic with strategy {type(strategy).__name__}: it "
-                                  f"does not declare survives_death")
-            strategy = ElasticRounds(strategy, self.transport.membership.epochs,
-                                     timeout=self.timeout)
+                                  f"declares neither survives_death nor mixes_on_views")
+            strategy = wrapper(strategy, self.transport.membership.epochs,
+                               timeout=self.timeout)
         self.transport.accept_kinds(strategy.kinds,
                                     receiver_checks_finite=strategy.checks_own_result)
         if strategy.needs_every_peer:  # one dead peer stops its rounds everywhere

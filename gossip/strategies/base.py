@@ -19,7 +19,7 @@ STRATEGIES = StrategyRegistry()
 #: The capabilities every Strategy declares as class attributes.
 CAPABILITIES = ("operates_on", "exact_mean", "preserves_mean", "symmetric_exchange",
                 "needs_every_peer",
-                "survives_death", "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
+                "survives_death", "mixes_on_views", "can_rejoin", "synchronous", "checks_own_result", "stops_rounds_early",
                 "plans_rounds", "keeps_tensor", "serves_roles", "wraps")
 #: The strategy a peer runs when none is named.
 DEFAULT = "dpsgd"
@@ -90,6 +90,12 @@ class Strategy(ABC):
     #: without it and go on: ``regroup(slot, members, epoch)`` moves the strategy onto it,
     #: and a round it interrupted is adopted or redone (gossip/strategies/elastic.py).
     survives_death: ClassVar[bool] = False
+    #: In an elastic run a gossip strategy mixes on the agreed views of the members: at a
+    #: view's first round ``regroup(slot, members, epoch)`` rebuilds its graph and weights
+    #: for them (``Topology.view_graph``, Metropolis-Hastings); a neighbour gone in between
+    #: is dropped as without views (gossip/strategies/elastic_gossip.py). No round is adopted
+    #: or redone: consensus is not bitwise.
+    mixes_on_views: ClassVar[bool] = False
     #: A peer restarted from a checkpoint can rejoin a running job (``rejoin_round``).
     can_rejoin: ClassVar[bool] = False
     #: Peers run in lockstep rounds: a round waits for the neighbours' messages of it. An
@@ -223,6 +229,15 @@ class Strategy(ABC):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
+
+    def handover_state(self) -> dict[str, Any]:
+        """What a peer joining an elastic run takes of this strategy's state from its donor
+        (``take_handover``): nothing by default (error-feedback residuals are never copied:
+        a copy would count the donor's unsent mass twice)."""
+        return {}
+
+    def take_handover(self, state: Mapping[str, Any]) -> None:
+        """As a joiner: start from the donor's ``handover_state``."""
 
     def rejoin_round(self, rounds: Mapping[int, int]) -> int:
         """The round a peer restarted from a checkpoint resumes at, from the round each

@@ -85,7 +85,8 @@ class NonBlocking(Strategy):
     def capabilities_for(cls, options: NonBlockingOptions) -> dict[str, Any]:
         inner = STRATEGIES.strategy_class(options.inner, options.inner_options)
         return {**inner.capabilities_for(options.inner_options), "can_rejoin": False,
-                "survives_death": False, "stops_rounds_early": True, "wraps": True}
+                "survives_death": False, "mixes_on_views": False, "stops_rounds_early": True,
+                "wraps": True}
 
     @property
     def kinds(self) -> tuple[str, ...]:

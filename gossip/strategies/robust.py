@@ -288,8 +288,9 @@ class RobustOptions(RuleOptions):
         robust = self.aggregator()
         if robust is None:
             return dict(held)
+        # its rule is checked against the graph's degrees, which a view may change
         return {**held, "preserves_mean": held["preserves_mean"] and robust.preserves_mean,
-                "checks_own_result": True}
+                "checks_own_result": True, "mixes_on_views": False}
 
 
 # -- robust aggregates of whole vectors ----------------------------------------------------

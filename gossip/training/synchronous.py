@@ -132,8 +132,8 @@ class Trainer:
 
     def enter(self) -> None:
         """On a spare rank of an elastic run: join the running members (``Peer.enter``),
-        starting from its donor's model and optimizer state at the round it joins at (no
-        round at all if the run ended first)."""
+        starting from its donor's model, optimizer and strategy state (``handover_state``)
+        at the round it joins at (no round at all if the run ended first)."""
         entered = self.peer.enter()
         if entered is None:
             log.warning("rank %d: the run ended before this peer was admitted",
@@ -144,14 +144,17 @@ class Trainer:
         state = state_from_bytes(data)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.peer.strategy.take_handover(state.get("strategy", {}))
         log.warning("rank %d: joined at round %d from peer %d's state %s", self.peer.rank,
                     self.first_round, self.peer.view.joins[self.peer.rank],
                     state_hash(self.model, self.optimizer))
 
     def snapshot(self) -> bytes:
-        """The state a joiner starts from: model and optimizer (``enter``)."""
+        """The state a joiner starts from: model, optimizer and what the strategy hands
+        over (``enter``; CHOCO's public copy, never a residual)."""
         return state_to_bytes({"model": self.model.state_dict(),
-                               "optimizer": self.optimizer.state_dict()})
+                               "optimizer": self.optimizer.state_dict(),
+                               "strategy": self.peer.strategy.handover_state()})
 
     def run(self) -> Record | None:
         """Train the remaining rounds; returns the last one's record (None if none was left)."""

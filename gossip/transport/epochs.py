@@ -11,8 +11,9 @@ inside the transport, never returned by ``recv``):
 * ``ctl.state {e, members, lc, lost}``: a member that found its view broken (a collective
   raised PeerGone) tells the coordinator its installed view, the last round it completed
   (``lc``) and the members it knows gone.
-* ``ctl.view {e, members, round, acks}``: the coordinator's decision, sent to every member of
-  the new view.
+* ``ctl.view {e, members, round, acks[, joins, due]}``: the coordinator's decision, sent to
+  every member of the new view; a view proposed ahead of its round (``admit``: a join, or
+  for gossip a departure) says ``due`` and is installed at that round.
 * ``ctl.leave {round}``: the sender completed ``round`` and leaves (``leave``): from the next
   round on it counts as gone, but not as dead; the receiver says goodbye to it at once (it
   needs nothing more from it, and the leaver waits for its contacts' goodbyes).
@@ -196,7 +197,7 @@ class Epochs:
             log.info("rank %d: ignored view %d from peer %d (installed %d)", self.rank,
                      view.epoch, msg.src, self.view.epoch)
             return
-        if view.joins:
+        if view.joins or meta.get("due") is True:  # installed at its round, not at once
             self.scheduled = view
             self._passed = view.epoch
         elif self._offered is None or view.epoch > self._offered.epoch:
@@ -219,9 +220,12 @@ class Epochs:
         for dst in self.first:
             self._send(dst, Message(ENTER, 0, meta={}))
 
-    def admit(self, round: int) -> View | None:
-        """At the start of ``round``: install the join's view due now (returned), or, as the
-        coordinator, propose one for the peers asking (installed MARGIN rounds later)."""
+    def admit(self, round: int, *, margin: int = MARGIN,
+              departures: bool = False) -> View | None:
+        """At the start of ``round``: install the view due now (returned), or, as the
+        coordinator, propose one for the peers asking (installed ``margin`` rounds later).
+        With ``departures`` (gossip, whose members drop a gone neighbour by themselves
+        meanwhile) it also proposes one without the members known gone (dead or left)."""
         view = self.scheduled
         if view is not None and view.round <= round:
             self.scheduled = None
@@ -230,17 +234,22 @@ class Epochs:
         gone = self._gone()
         alive = [m for m in self.view.members if m not in gone]
         joiners = sorted(self.asking - set(self.view.members) - gone)
-        if view is not None or self.closing or not joiners or not alive \
+        departed = departures and len(alive) < self.view.size
+        if view is not None or self.closing or not (joiners or departed) or not alive \
                 or min(alive) != self.rank:
             return None
+        if departed:
+            self._check_enough(alive + joiners, self.view.members)
         epoch = max(self.view.epoch, self._passed) + 1
-        view = View(epoch, tuple(sorted(alive + joiners)), round + MARGIN,
+        view = View(epoch, tuple(sorted(alive + joiners)), round + margin,
                     joins={j: alive[(epoch + i) % len(alive)] for i, j in enumerate(joiners)})
         for dst in view.members:
             if dst != self.rank:
-                self._send(dst, Message(VIEW, max(round, 0), meta=view.as_meta()))
-        log.warning("rank %d: proposed view %d admitting %s from round %d", self.rank, epoch,
-                    joiners, view.round)
+                self._send(dst, Message(VIEW, max(round, 0), meta={**view.as_meta(),
+                                                                   "due": True}))
+        log.warning("rank %d: proposed view %d admitting %s, without %s, from round %d",
+                    self.rank, epoch, joiners, sorted(set(self.view.members) - set(alive)),
+                    view.round)
         self.agreements += 1
         self.scheduled, self._passed = view, epoch
         return None

@@ -177,6 +177,8 @@ class Membership:
             loss = self.lost.get(src)
             if loss is not None and loss.firsthand:
                 raise self._gone(loss, kind, round)
+            if self.epochs is not None and src in self.epochs.gone_for(round):
+                raise self._left(src, kind, round)  # it sends nothing after its last round
         if kind is not None and kind in self.collective_kinds:
             if round is not None and round <= self.skip_through:
                 raise CollectiveAborted(
@@ -188,9 +190,12 @@ class Membership:
                 raise self._gone(self.lost[counted[0]], kind, round)
             left = self.epochs.gone_for(round) if self.epochs is not None else []
             if left:
-                raise PeerGone(f"rank {self._net.rank}: {self._net.describe(left[0])} left the "
-                               f"run after round {self.epochs.leaving[left[0]]} (waiting for "
-                               f"{kind} of round {round})", rank=left[0])
+                raise self._left(left[0], kind, round)
+
+    def _left(self, rank: int, kind: str | None, round: int | None) -> PeerGone:
+        return PeerGone(f"rank {self._net.rank}: {self._net.describe(rank)} left the run "
+                        f"after round {self.epochs.leaving[rank]} (waiting for "
+                        f"{kind or 'a message'} of round {round})", rank=rank)
 
     def check_delivery(self, dst: int, kind: str) -> None:
         """Raise if a message sent to ``dst`` will never be read (for Delivery.wait)."""

@@ -38,7 +38,7 @@ def test_launch_refuses_churn_without_elastic_or_with_a_strategy_that_cannot_joi
     out = runner.invoke(main, ["launch", "--churn", "join@3", "--run-dir", str(tmp_path / "a")])
     assert out.exit_code != 0 and "--churn: only with --elastic" in out.output
     out = runner.invoke(main, ["launch", "--churn", "join@3", "--elastic", "--strategy", "dpsgd",
-                               "--run-dir", str(tmp_path / "b")])
+                               "--option", "staleness=2", "--run-dir", str(tmp_path / "b")])
     assert out.exit_code != 0 and "survives_death" in out.output
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 

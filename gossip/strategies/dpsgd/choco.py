@@ -30,6 +30,8 @@ from gossip.strategies.dpsgd.public_copy import PublicCopy, Replicas
 from gossip.strategies.robust import Mixed
 from gossip.transport import Message
 
+PUBLIC = "public"  # the kind suffix of a public copy sent whole at a new view's first round
+
 
 class ChocoGossip(Strategy):
     """One CHOCO-Gossip step with every neighbour of the (static) graph (``dpsgd`` with a
@@ -40,6 +42,7 @@ class ChocoGossip(Strategy):
     operates_on = "params"
     preserves_mean = True
     symmetric_exchange = True
+    mixes_on_views = True
 
     def __init__(self, *, rank, topology, transport, options: DPSGDOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
@@ -55,32 +58,114 @@ class ChocoGossip(Strategy):
         self.robust = self.options.aggregator_for(topology)
         self.replicas: Replicas | None = None  # robust: each neighbour's x̂_j
         self.robust_stats: Mixed | None = None  # what robust mixing did in the latest round
+        self.on_views = False  # an elastic run's (regroup): a gone neighbour is frozen
+        self.resync = False  # on a new view: exchange the public copies whole first
+        self.gone: set[int] = set()  # on views: neighbours gone since the view (frozen)
         if self.robust is not None:
             held = self.capabilities_for(self.options)
-            self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
-                                                           held["checks_own_result"])
+            self.preserves_mean, self.checks_own_result, self.mixes_on_views = (
+                held["preserves_mean"], held["checks_own_result"], held["mixes_on_views"])
 
     @classmethod
     def capabilities_for(cls, options: DPSGDOptions) -> dict:
         return options.robust_capabilities(super().capabilities_for(options))
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (*super().kinds, f"{self.tag}.{PUBLIC}")
+
+    def regroup(self, slot: int, members, epoch: int) -> None:
+        """Mix on the view ``epoch`` of ``members`` (ids) from now on (an elastic run): the
+        graph the topology's rule gives them, Metropolis-Hastings weights; the next round
+        first sends x̂_i whole to every neighbour and rebuilds s_i from theirs."""
+        mixing = Neighbourhood(self.topology, self.rank, members)
+        self.neighbors, self.self_weight, self.weights = (mixing.neighbors, mixing.self_weight,
+                                                          mixing.weights)
+        self.transport.connect(self.neighbors)
+        self.gone, self.resync, self.on_views = set(), True, True
+
+    def handover_state(self) -> dict:
+        """A joiner's x̂ and step size are its donor's (its neighbours get x̂ whole at the
+        view's first round)."""
+        return {} if self.public is None else {"public": self.public, "gamma": self.gamma}
+
+    def take_handover(self, state) -> None:
+        if "public" in state:
+            public = state["public"].reshape(-1)
+            self.gamma = state["gamma"]
+            self._state = PublicCopy(public, public=public.clone(),
+                                     mixed=torch.zeros_like(public))
+            self._shrink = shrink(self.compressor, public.numel())
+            self.resync = True
+
+    def share_public(self, round: int) -> None:
+        """x̂_i whole to every neighbour of the new view, and s_i = w_ii x̂_i + sum_j w_ij
+        x̂_j from theirs (in neighbour order); a neighbour gone meanwhile is dropped, its
+        weight folded into ours."""
+        kind, public = f"{self.tag}.{PUBLIC}", self.public
+        msg = Message(kind=kind, round=round, meta={"n": public.numel()}, buffers=(public,))
+        dead = self.transport.membership.firsthand()
+        sent = {j: self.transport.send(j, msg, track=True) for j in self.neighbors
+                if j not in dead}
+        mixed, dropped = torch.mul(public, self.self_weight), set()
+        for j in self.neighbors:
+            try:
+                value = self.transport.recv(src=j, kind=kind, round=round).buffers[0]
+            except PeerGone as exc:
+                if exc.rank != j:
+                    raise
+                dropped.add(j)
+                mixed.add_(public, alpha=self.weights[j])
+                continue
+            if value.numel() != public.numel() or value.dtype != public.dtype:
+                raise ProtocolError(f"rank {self.rank}: peer {j} sent its public copy as "
+                                    f"{value.numel()} x {value.dtype}, expected "
+                                    f"{public.numel()} x {public.dtype}")
+            mixed.add_(value.reshape(-1), alpha=self.weights[j])
+        for j in dropped:
+            self.self_weight += self.weights.pop(j)
+        self.neighbors = tuple(j for j in self.neighbors if j not in dropped)
+        self._wait_sent(sent)
+        self._state.mixed.copy_(mixed)
+
+    def _wait_sent(self, sent: dict) -> None:
+        """Wait for the sends to ``sent``'s neighbours; on views, one that is gone meanwhile
+        joins ``gone`` (else PeerGone)."""
+        for j, delivery in sent.items():
+            try:
+                delivery.wait()
+            except PeerGone as exc:
+                if not self.on_views or exc.rank != j:
+                    raise
+                self.gone.add(j)
+
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
         flat, dest = x.reshape(-1), self._output(x, out)
+        if self.resync:
+            self.resync = False
+            if self._state is not None:
+                self.share_public(round)
         state = self._ensure_state(flat)
         payload, own = state.compress(self.compressor, flat, key=self.tag, round=round)
         msg = Message(kind=self.tag, round=round, meta=dict(payload.meta),
                       buffers=payload.buffers)
+        dead = self.transport.membership.firsthand() if self.on_views else set()
+        self.gone |= dead & set(self.neighbors)
+        mixing = [j for j in self.neighbors if j not in self.gone]
         # Tracked: a cast payload may be a view of the difference buffer reused next round.
-        sent = [self.transport.send(j, msg, track=True) for j in self.neighbors]
+        sent = {j: self.transport.send(j, msg, track=True) for j in mixing}
         # Apply our own payload exactly as the neighbours do, so their replicas stay equal.
         state.add_own(self.compressor, payload, own, self_weight=self.self_weight,
                       scale=self._shrink)
         flagged = 0  # robust: neighbours whose payload held a non-finite value
-        for j in self.neighbors:  # fixed order: deterministic floating-point sums
+        for j in mixing:  # fixed order: deterministic floating-point sums
             try:
                 reply = self.transport.recv(src=j, kind=self.tag, round=round)
             except PeerGone as exc:
+                if self.on_views and exc.rank == j:  # its last x̂_j stays in s_i until the
+                    self.gone.add(j)                 # next view (which leaves it out)
+                    continue
                 # s_i holds the neighbours' public copies only as one weighted sum, so a dead
                 # neighbour's share cannot be taken out of it: stop rather than mix wrongly.
                 raise PeerGone(f"{exc}; CHOCO-Gossip keeps only the weighted sum of its "
@@ -96,8 +181,7 @@ class ChocoGossip(Strategy):
             except ProtocolError as exc:
                 raise ProtocolError(f"rank {self.rank}: peer {j} sent a bad {self.tag} "
                                     f"payload in round {round}: {exc}") from None
-        for delivery in sent:
-            delivery.wait()
+        self._wait_sent(sent)
         if self.replicas is None:
             state.step_into(flat, self.gamma, dest.view(-1))
         else:

@@ -18,8 +18,9 @@ from gossip.transport import Message
 class DPSGD(Strategy):
     """One exact gossip round with every neighbour of the (static) graph.
 
-    A neighbour the transport declares dead is dropped for good and its weight moves onto
-    our own (see Neighbourhood). With a ``robust`` option, the round's models are mixed by
+    A neighbour the transport declares dead (or, in an elastic run, that left) is dropped
+    for good and its weight moves onto our own (see Neighbourhood); an elastic run's views
+    rebuild the graph (``regroup``). With a ``robust`` option, the round's models are mixed by
     its aggregator (gossip/strategies/robust.py) instead of the weighted sum.
     """
 
@@ -28,6 +29,7 @@ class DPSGD(Strategy):
     preserves_mean = True
     symmetric_exchange = True
     can_rejoin = True
+    mixes_on_views = True
 
     def __init__(self, *, rank, topology, transport, options: DPSGDOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
@@ -36,14 +38,20 @@ class DPSGD(Strategy):
         self.robust = self.options.aggregator_for(topology)
         if self.robust is not None:
             held = self.capabilities_for(self.options)
-            self.preserves_mean, self.checks_own_result = (held["preserves_mean"],
-                                                           held["checks_own_result"])
+            self.preserves_mean, self.checks_own_result, self.mixes_on_views = (
+                held["preserves_mean"], held["checks_own_result"], held["mixes_on_views"])
         self.robust_stats: Mixed | None = None  # what robust mixing did in the latest round
         transport.connect(self.mixing.neighbors)  # so a neighbour dying at once is noticed
 
     @classmethod
     def capabilities_for(cls, options: DPSGDOptions) -> dict[str, Any]:
         return options.robust_capabilities(super().capabilities_for(options))
+
+    def regroup(self, slot: int, members, epoch: int) -> None:
+        """Mix on the view ``epoch`` of ``members`` (ids) from now on: the graph the
+        topology's rule gives them, with Metropolis-Hastings weights (an elastic run)."""
+        self.mixing = Neighbourhood(self.topology, self.rank, members)
+        self.transport.connect(self.mixing.neighbors)
 
     @property
     def neighbors(self) -> tuple[int, ...]:

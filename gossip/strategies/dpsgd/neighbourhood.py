@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+from gossip.topology.views import view_mixing
+
 log = logging.getLogger("gossip.strategies")
 
 
@@ -18,20 +20,30 @@ class Neighbourhood:
     hops away too, which all would have to switch in the same round.
     """
 
-    def __init__(self, topology, rank: int):
-        weights = topology.mixing_matrix()[rank]
+    def __init__(self, topology, rank: int, members=None):
+        """Row ``rank`` of the topology's matrix; with ``members`` (ids: an elastic run's
+        view), of Metropolis-Hastings on the graph the topology's rule gives them
+        (``Topology.view_graph``)."""
+        if members is None:
+            ids, row = range(topology.size), topology.mixing_matrix()[rank]
+        else:
+            ids, matrix = view_mixing(topology.view_graph(members))
+            row = matrix[ids.index(rank)]
+        slot = {member: index for index, member in enumerate(ids)}
         self.rank = rank
-        self.neighbors: tuple[int, ...] = topology.neighbors(rank)
-        self.self_weight = float(weights[rank])
-        self.weights = {j: float(weights[j]) for j in self.neighbors}
+        self.neighbors: tuple[int, ...] = tuple(
+            member for member, weight in zip(ids, row) if weight and member != rank)
+        self.self_weight = float(row[slot[rank]])
+        self.weights = {j: float(row[slot[j]]) for j in self.neighbors}
         self.dropped: dict[int, int] = {}  # dead neighbour -> round it was dropped in
 
     def drop(self, j: int, round: int) -> float:
-        """Take dead neighbour ``j`` out for good; returns its weight, now part of ours."""
+        """Take dead (or, in an elastic run, departed) neighbour ``j`` out for good; returns
+        its weight, now part of ours."""
         weight = self.weights.pop(j)
         self.self_weight += weight
         self.neighbors = tuple(n for n in self.neighbors if n != j)
         self.dropped[j] = round
-        log.warning("rank %d: dropped dead neighbour %d in round %d; its weight %.4g moves to "
+        log.warning("rank %d: dropped gone neighbour %d in round %d; its weight %.4g moves to "
                     "this peer's own (now %.4g)", self.rank, j, round, weight, self.self_weight)
         return weight

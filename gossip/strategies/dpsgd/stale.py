@@ -34,6 +34,7 @@ class StaleDPSGD(DPSGD):
 
     preserves_mean = False
     symmetric_exchange = False  # a neighbour's model may be older
+    mixes_on_views = False  # a window of rounds would span two views' graphs
 
     def __init__(self, *, rank, topology, transport, options=None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)

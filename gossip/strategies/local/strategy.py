@@ -74,7 +74,7 @@ class Local(Strategy):
                 "preserves_mean": bool(plain and (inner["preserves_mean"]
                                                   or inner["exact_mean"])),
                 "can_rejoin": False, "checks_own_result": False, "plans_rounds": True,
-                "wraps": True, "survives_death": False,
+                "wraps": True, "survives_death": False, "mixes_on_views": False,
                 # group means and a warm-up all-reduce of our own need every rank to train
                 "serves_roles": bool(inner["serves_roles"] and options.group_period is None
                                      and (not options.warmup_rounds or inner["exact_mean"]))}
