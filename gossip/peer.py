@@ -300,11 +300,12 @@ class Peer:
         self.transport.membership.note_lost(rank, round, reason)
 
     def all_peers_can_meet(self, round: int) -> bool:
-        """Whether an exchange among all peers (an all-reduce) can run in ``round``: no peer
-        is known lost, none left an elastic run, and no rejoin abandoned that round."""
+        """Whether an exchange among all peers (an all-reduce; in an elastic run, all the
+        view's members) can run in ``round``: no peer is known lost, no member left before
+        it, and no rejoin abandoned that round."""
         membership = self.transport.membership
-        everyone = membership.epochs is None or membership.epochs.view.size == self.topology.size
-        return not membership.lost and round > membership.skip_through and everyone
+        present = membership.epochs is None or not membership.epochs.gone_for(round)
+        return not membership.lost and round > membership.skip_through and present
 
     @property
     def view(self):

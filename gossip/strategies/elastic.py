@@ -126,9 +126,15 @@ class ElasticRounds:
         joiners = sorted(j for j, donor in view.joins.items() if donor == self.epochs.rank)
         if joiners:
             data = state()
+            # the members gone so far, which a joiner's own view does not tell (their
+            # notices went to the members of the time): it then waits for none of them
+            membership = self.inner.transport.membership
+            gone = {"left": [[m, last] for m, last in sorted(self.epochs.leaving.items())],
+                    "lost": sorted(membership.lost)}
             for dst in joiners:
                 self.inner.transport.send(dst, Message(
-                    self.handover_kind, round, meta={"e": view.epoch, "hash": _digest(data)},
+                    self.handover_kind, round,
+                    meta={"e": view.epoch, "hash": _digest(data), **gone},
                     buffers=(torch.frombuffer(bytearray(data), dtype=torch.uint8),)))
         return joiners
 
@@ -170,6 +176,7 @@ class ElasticRounds:
                 raise ProtocolError(f"rank {epochs.rank}: the state peer {donor} sent for view "
                                     f"{view.epoch} does not match its blake2b")
             epochs.install(view)
+            self._note_gone(msg.meta, donor, view.round - 1)
             self.inner.regroup(view.slot(epochs.rank), view.members, view.epoch)
             return view.round, data
 
@@ -184,6 +191,14 @@ class ElasticRounds:
         state = self.inner.state_dict()
         self.synchronize(torch.zeros_like(result), last + 1)  # the strategy's own length
         self.inner.load_state_dict(state)
+
+    def _note_gone(self, meta, donor: int, round: int) -> None:
+        """As a joiner: count gone the members its donor knew gone (``hand_over``)."""
+        for member, last in meta.get("left", []):
+            self.epochs.note_left(int(member), int(last))
+        for member in meta.get("lost", []):
+            self.inner.transport.membership.note_lost(
+                int(member), round, f"lost before this peer joined (peer {donor}'s word)")
 
     def _give(self, view: View) -> None:
         """As the view's donor: send the round it adopts to the members that had not

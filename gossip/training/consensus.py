@@ -34,6 +34,7 @@ class ConsensusProbe:
         self.peer, self.task = peer, task
         self.left_out = left_out
         self.strategy = peer.add_strategy(EXACT_MEAN, tag=PROBE_TAG)
+        self.epoch: int | None = None  # an elastic run's view it runs on (regroup)
 
     def measure(self, model: torch.nn.Module, round: int) -> tuple[float | None, float | None]:
         """The consensus distance and the average model's test accuracy, or (None, None)
@@ -44,6 +45,10 @@ class ConsensusProbe:
             # A lost peer; ranks that only serve (they never probe); or no global round:
             # a peer in the probe would stop answering the others (an async server).
             return None, None
+        view = self.peer.view
+        if view is not None and view.epoch != self.epoch:  # over the view's members
+            self.strategy.regroup(view.slot(self.peer.rank), view.members, view.epoch)
+            self.epoch = view.epoch
         try:
             return self._measure(model, round)
         except (PeerGone, CollectiveAborted) as exc:

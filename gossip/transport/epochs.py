@@ -208,9 +208,16 @@ class Epochs:
         return sorted(m for m, last in self.leaving.items()
                       if m in self.view.members and (round is None or round > last))
 
+    def note_left(self, member: int, last: int) -> None:
+        """``member`` left after round ``last`` (a joiner's donor's word)."""
+        if member != self.rank:
+            self.leaving.setdefault(member, last)
+
     def leave(self, last: int) -> None:
-        """This member completed round ``last`` and leaves: tell every other member."""
-        for dst in self.view.members:
+        """This member completed round ``last`` and leaves: tell every other member (a
+        scheduled view's joiners too)."""
+        scheduled = () if self.scheduled is None else self.scheduled.members
+        for dst in sorted(set(self.view.members) | set(scheduled)):
             if dst != self.rank and dst not in self._gone():
                 self._send(dst, Message(LEAVE, max(last, 0), meta={"round": last}))
 
