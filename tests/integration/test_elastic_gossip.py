@@ -16,7 +16,7 @@ import torch
 
 from gossip.transport.state_bytes import state_from_bytes, state_to_bytes
 from support import peer_once_all_bound
-from support.waiting import wait_until
+from support.waiting import pace_joins
 
 TIMEOUT = 10.0
 N = 23
@@ -99,14 +99,7 @@ def run_gossip(run_peers, topology, *, members, rounds, joins=None, leaves=None,
                     peer.leave()
                     return
                 if rank == 0:
-                    with progress:
-                        done[0] = round
-                        progress.notify_all()
-                    asked = peer.transport.membership.epochs.asking
-                    for joiner in (j for j, at in joins.items() if at == round):
-                        wait_until(lambda: peer.transport.inbox.wait(0.01) and False
-                                   or joiner in asked or joiner in peer.view.members,
-                                   TIMEOUT, f"rank {joiner}'s ask")
+                    pace_joins(peer, round, progress, done, joins, TIMEOUT)
 
     return run_peers(size, main, timeout=6 * TIMEOUT), x0
 

@@ -68,3 +68,18 @@ def wait_connected(sock, timeout: float, what: str) -> None:
     finally:
         sock.disable_monitor()
         monitor.close(linger=0)
+
+
+def pace_joins(peer, round: int, progress, done: list, joins: dict, timeout: float) -> None:
+    """As rank 0 of an elastic run with joins, after ``round``: say so (``done[0]``, under
+    ``progress``, a Condition the joiners wait on) and go on only once the ask of every
+    joiner due at this round arrived (``joins``: joiner -> round), so it is admitted mid-run
+    whatever the machine's load."""
+    with progress:
+        done[0] = round
+        progress.notify_all()
+    asked = peer.transport.membership.epochs.asking
+    for joiner in (j for j, at in joins.items() if at == round):
+        wait_until(lambda: peer.transport.inbox.wait(0.01) and False
+                   or joiner in asked or joiner in peer.view.members,
+                   timeout, f"rank {joiner}'s ask")
