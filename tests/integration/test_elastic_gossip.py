@@ -36,10 +36,17 @@ def oracle_weights(graph: nx.Graph) -> dict[int, dict[int, float]]:
     return rows
 
 
-def ring_on(members) -> nx.Graph:
-    """The ring the rule gives a view: a cycle over the sorted ids."""
+def exponential(n: int) -> nx.Graph:
+    """i ~ i + 2^k mod n, built here."""
+    return nx.Graph([(i, (i + 2 ** k) % n) for i in range(n) for k in range(n.bit_length())
+                     if 2 ** k < n])
+
+
+def graph_on(kind: str, members) -> nx.Graph:
+    """The graph the rule gives a view: the generator's over the sorted ids."""
     ids = sorted(members)
-    return nx.relabel_nodes(nx.cycle_graph(len(ids)), dict(enumerate(ids)))
+    graph = {"ring": nx.cycle_graph, "exponential": exponential}[kind](len(ids))
+    return nx.relabel_nodes(graph, dict(enumerate(ids)))
 
 
 def run_gossip(run_peers, topology, *, members, rounds, joins=None, leaves=None, kills=None,
@@ -109,14 +116,15 @@ def ran(outcome, round):
     return sorted(r for r, out in enumerate(outcome) if round in out["x"])
 
 
-def test_dpsgd_rebuilds_its_ring_at_each_view_after_a_join_a_leave_and_a_death(
-        local_topology, run_peers):
-    """P = 5 on a ring, then a join (6), a leave (5), a death (4): at each view's first round
-    every member's row is the Metropolis-Hastings row of the ring over the view's sorted ids
-    (built here with networkx), sums to 1, and the round's outputs are W @ X (so the sum of
-    the x's is kept); the joiner enters with its donor's x."""
+@pytest.mark.parametrize("kind", ["ring", "exponential"])
+def test_dpsgd_rebuilds_its_graph_at_each_view_after_a_join_a_leave_and_a_death(
+        kind, local_topology, run_peers):
+    """P = 5, then a join (6), a leave (5), a death (4): at each view's first round every
+    member's row is the Metropolis-Hastings row of the generator's graph over the view's
+    sorted ids (built here with networkx), sums to 1, and the round's outputs are W @ X (so
+    the sum of the x's is kept); the joiner enters with its donor's x."""
     members, rounds = 5, 46
-    topology = local_topology("ring", members + 1)
+    topology = local_topology(kind, members + 1)
     outcome, _ = run_gossip(run_peers, topology, members=members, rounds=rounds,
                             joins={5: 1}, leaves={2: 16}, kills={3: 30})
     joiner = outcome[5]
@@ -134,7 +142,7 @@ def test_dpsgd_rebuilds_its_ring_at_each_view_after_a_join_a_leave_and_a_death(
     for view in (join, leave, death):
         r = view.round
         assert ran(outcome, r) == list(view.members)
-        oracle = oracle_weights(ring_on(view.members))
+        oracle = oracle_weights(graph_on(kind, view.members))
         for m in view.members:
             row = outcome[m]["row"][r]
             assert row.keys() == oracle[m].keys(), (m, view)
@@ -186,7 +194,7 @@ def test_choco_joiner_takes_its_donors_public_copy_and_its_neighbours_get_it_who
     assert torch.equal(joiner["x"][r - 1], outcome[donor]["x"][r - 1])
     assert torch.equal(public[5, r], public[donor, r])  # x̂: the donor's, handed over
     assert torch.equal(joiner["handed"]["public"], public[donor, r])
-    oracle = oracle_weights(ring_on(view.members))
+    oracle = oracle_weights(graph_on("ring", view.members))
     for m in view.members:
         expected = torch.mul(public[m, r], oracle[m][m])
         for j in sorted(oracle[m].keys() - {m}):
