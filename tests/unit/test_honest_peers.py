@@ -41,7 +41,7 @@ def probe_all(weights: list[torch.Tensor], left_out: frozenset[int]):
 
     def peer(rank: int):
         fake = SimpleNamespace(rank=rank, communicating=contextlib.nullcontext,
-                               all_peers_can_meet=lambda round: True,
+                               all_peers_can_meet=lambda round: True, view=None,
                                topology=SimpleNamespace(roles=None),
                                strategy=SimpleNamespace(synchronous=True))
         fake.add_strategy = lambda *a, **k: SimpleNamespace(

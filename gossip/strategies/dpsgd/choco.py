@@ -14,6 +14,11 @@ tensors), still updated by the raw payloads bit for bit, and the mixing term is 
 aggregate over them: x_i += gamma * (R(x̂_i, x̂_j) - x̂_i), for clipping
 x_i += gamma * sum_j w_ij CLIP(x̂_j - x̂_i, tau). A payload holding a non-finite value is left
 out of its replica and flagged.
+
+In an elastic run (``regroup``: gossip/strategies/elastic_gossip.py) a new view's first
+round starts with x̂_i sent whole to every neighbour of the new graph, s_i rebuilt from
+theirs, so the copies agree bitwise whatever edges moved; a neighbour gone between views
+keeps its last x̂_j in s_i (its payloads count as zero) until the next view leaves it out.
 """
 
 from __future__ import annotations
