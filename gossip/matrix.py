@@ -76,7 +76,8 @@ def _survives(held: Capabilities) -> str | None:
     if not held.get("survives_death"):
         return ("it cannot go on without a dead peer on an agreed view (survives_death): "
                 "gossip strategies drop a dead neighbour without --elastic; all-reduce: "
-                "use ring-allreduce without a compressor, or topk-allgather")
+                "use ring-allreduce without a compressor, topk-allgather without robust, gtopk "
+                "or spardl")
     return None
 
 
