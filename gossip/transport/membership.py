@@ -133,17 +133,19 @@ class Membership:
         if self._replay is None:
             self._replay = {}
 
-    def elastic(self, min_peers: int, spares: int = 0) -> Epochs:
+    def elastic(self, min_peers: int, spares: int = 0,
+                locate: Callable[[list[int]], None] | None = None) -> Epochs:
         """Run all-peer exchanges on agreed views of the members (epochs.py) from now on,
         down to ``min_peers`` members; the last ``spares`` ranks are not members at first
-        (they may join)."""
+        (they may join; ``locate(ids)`` learns where those not known yet listen)."""
         if self.epochs is None:
             net = self._net
             self.epochs = Epochs(
                 net.rank, range((net.size or 1) - spares), min_peers=min_peers,
                 send=self._send_message,
                 wait=net.wait, gone=lambda: set(self.lost) | set(net.departed()),
-                describe=net.describe, clock=net.clock, farewell=net.farewell)
+                describe=net.describe, clock=net.clock, farewell=net.farewell,
+                locate=locate or (lambda ids: None))
         return self.epochs
 
     def _counted(self) -> list[int]:
