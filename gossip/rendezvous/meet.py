@@ -87,6 +87,10 @@ class Locator:
         self.located = set(range(members)) | {transport.rank}
         self.machine = this_machine()
 
+    def knows(self, member: int) -> bool:
+        """Whether ``member``'s address is known (an id no joiner took yet has none)."""
+        return member in self.located
+
     def __call__(self, ids) -> None:
         """Point the transport at each of ``ids`` not located yet.
 

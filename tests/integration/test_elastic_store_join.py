@@ -162,6 +162,17 @@ def test_a_join_and_a_death_at_one_round_give_one_view_per_change(run_peers):
             assert torch.equal(outcome[member][2][round], models[round]), (member, round)
 
 
+def test_a_death_is_not_told_to_spare_ids_no_joiner_took(run_peers):
+    """Ids nobody took have no address: the survivors tell only the members of a death (so
+    none waits for a goodbye from them at the end), and go on bitwise equal."""
+    outcome, peers, x = run_store_joins(run_peers, members=4, spares=2, rounds=5, joins=[],
+                                        kills={2: 1})
+    for rank in (0, 1, 3):
+        assert not {4, 5} & peers[rank].transport.contacts, peers[rank].transport.contacts
+        assert peers[rank].view.members == (0, 1, 3)
+        assert torch.equal(outcome[rank][2][4], outcome[0][2][4])
+
+
 def test_a_joiner_past_the_spare_ids_is_refused_in_one_line():
     port = free_ports(1)[0]
     store = agent_store(port)
