@@ -16,7 +16,7 @@ from gossip.transport import LoopbackHub
 from support import peer_once_all_bound
 from test_elastic import TIMEOUT, assert_one_view, run_elastic
 
-SIZE, VICTIM_ROUND, ROUNDS = 5, 2, 5
+VICTIM_ROUND, ROUNDS = 2, 5
 
 
 def oracle(run_peers, local_topology, strategy, x, rounds, residuals=None, **options):
@@ -41,29 +41,32 @@ def oracle(run_peers, local_topology, strategy, x, rounds, residuals=None, **opt
 
 
 def _cases():
-    """(strategy, options, victim, messages it sent in the round of its death): gtop-k's
-    root (slot 0) before the round, after its first, second and last broadcast send, and an
-    inner node after its reduce send; SparDL at each of its 6 messages (3 reduce-scatter, 3
-    all-gather at P = 5, which is no power of two)."""
+    """(strategy, options, P, victim, messages it sent in the round of its death): gtop-k's
+    root (slot 0) before the round, after its first and second broadcast send, and an inner
+    node after its reduce send and its broadcast send; SparDL at P = 5 at each of its 6
+    messages (3 reduce-scatter, 3 all-gather), at P = 8 in either phase (7 survivors: no
+    power of two either)."""
     for mode in ("conserve", "reference"):
         for victim, sends in ((0, 0), (0, 1), (0, 2), (2, 1), (2, 2)):
-            yield pytest.param("gtopk", {"residual_mode": mode}, victim, sends,
+            yield pytest.param("gtopk", {"residual_mode": mode}, 5, victim, sends,
                                id=f"gtopk-{mode}-{victim}-{sends}",
                                marks=[pytest.mark.slow] if mode == "reference" and sends else [])
     for sends in range(7):
-        yield pytest.param("spardl", {}, 2, sends, id=f"spardl-2-{sends}",
+        yield pytest.param("spardl", {}, 5, 2, sends, id=f"spardl-2-{sends}",
                            marks=[pytest.mark.slow] if sends in (1, 5) else [])
+    for sends in (2, 4):
+        yield pytest.param("spardl", {}, 8, 3, sends, id=f"spardl-8-3-{sends}")
 
 
-@pytest.mark.parametrize("strategy, options, victim, sends", _cases())
+@pytest.mark.parametrize("strategy, options, size, victim, sends", _cases())
 def test_sparse_all_reduce_survivors_match_an_oracle_after_a_death(
-        strategy, options, victim, sends, local_topology, run_peers):
+        strategy, options, size, victim, sends, local_topology, run_peers):
     """Rounds adopted (gtop-k after a root's broadcast send or an inner node's reduce send,
     SparDL in its all-gather) and redone (SparDL in its reduce-scatter, either before the
     round) alike."""
     options = {"density": 0.3, **options}
-    topology = local_topology("ring", SIZE)
-    residuals: dict[int, list] = {r: [] for r in range(SIZE)}
+    topology = local_topology("ring", size)
+    residuals: dict[int, list] = {r: [] for r in range(size)}
 
     def keep_residual(rank, peer):
         residuals[rank].append(peer.strategy.residual.clone())
@@ -71,7 +74,7 @@ def test_sparse_all_reduce_survivors_match_an_oracle_after_a_death(
     outcome, peers, x = run_elastic(run_peers, topology, rounds=ROUNDS,
                                     kills={victim: (VICTIM_ROUND, sends)}, strategy=strategy,
                                     after_round=keep_residual, **options)
-    survivors = [r for r in range(SIZE) if r != victim]
+    survivors = [r for r in range(size) if r != victim]
     how = assert_one_view(peers, survivors, VICTIM_ROUND)
     # The P peers ran every round up to the last one some survivor completed with them.
     full = VICTIM_ROUND + (how != {"redone"})
