@@ -65,7 +65,9 @@ class Peer:
             (gossip/strategies/elastic.py); others refuse it.
         min_peers: In an elastic run, fewer members than this end it (PeerGone).
         spares: In an elastic run, the topology's last ``spares`` ranks are not members at
-            first: peers started on them join the running ones (``enter``).
+            first: peers started on them join the running ones (``enter``). With a
+            rendezvous they follow the launcher's peers, and a joiner's rank is a fresh id
+            from its store (``Rendezvous.next_id``).
         **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce; ``compressor``
             may be a compressor's name (with its options, e.g. ``density``) or a Compressor.
 
