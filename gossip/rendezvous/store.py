@@ -254,14 +254,12 @@ class Rendezvous:
             self.store(rank, size).set(self._key("members"), str(size))
 
     def members(self) -> int:
-        """How many members the job started with: the URI's ``world_size`` or the
-        launcher's if given, else what its members announced in the store.
+        """How many members the job started with, as they announced it in the store (a
+        joiner's own launcher, e.g. a torchrun of one process, says nothing of the job's).
 
         Raises:
             RendezvousError: nothing announced within ``timeout``.
         """
-        if self.size is not None or launchers.size_from(self.environ) is not None:
-            return self.size_of()
         store = self.store(JOINER, 1)
         try:
             return int(store.get(self._key("members")))

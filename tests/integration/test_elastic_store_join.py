@@ -61,7 +61,9 @@ def run_store_joins(run_peers, *, members, spares, rounds, joins, kills=None,
 
     def main(thread: int):
         joiner = thread >= members
-        launcher = {} if joiner else {"RANK": str(thread), "WORLD_SIZE": str(members)}
+        # a joiner's own torchrun of one process: its RANK and WORLD_SIZE are not the job's
+        launcher = {"RANK": "0", "WORLD_SIZE": "1"} if joiner else {
+            "RANK": str(thread), "WORLD_SIZE": str(members)}
         rendezvous = Rendezvous.parse("env://", environ={**env, **launcher}, timeout=TIMEOUT)
         if joiner:
             with progress:
