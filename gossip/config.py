@@ -84,10 +84,12 @@ class TrainConfig(Options):
     min_peers: int = option(1, "With elastic: fewer peers left than this end the run.",
                             check=at_least(1))
     spares: int = option(0, "With elastic: the topology's last this many ranks are not members "
-                            "at first; a peer started on one with join joins the run.",
+                            "at first; a peer started on one with join joins the run (with a "
+                            "rendezvous: ids after the launcher's peers, given by its store).",
                          check=_rule(lambda v: v >= 0, "must be >= 0"))
-    join: bool = option(False, "With elastic, on a spare rank: join the running members, "
-                               "starting from a donor's state.")
+    join: bool = option(False, "With elastic, on a spare rank (with a rendezvous: the store "
+                               "gives a fresh id): join the running members, starting from "
+                               "a donor's state.")
     checkpoint_every: int = option(
         0, "Write each peer's checkpoint every this many rounds (0: never); a peer restarted "
            "with `gossip peer --resume` rejoins from it (every peer then keeps its last "

@@ -76,7 +76,8 @@ def _elastic(held: Capabilities) -> str | None:
     if not held.get("survives_death") and not held.get("mixes_on_views"):
         return ("it cannot run on agreed views of the members (neither survives_death nor "
                 "mixes_on_views): gossip: use dpsgd without staleness or robust; all-reduce: "
-                "ring-allreduce without a compressor, or topk-allgather")
+                "ring-allreduce without a compressor, topk-allgather without robust, gtopk "
+                "or spardl")
     return None
 
 

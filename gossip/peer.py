@@ -15,7 +15,7 @@ from gossip.errors import ConfigError, PeerNotOpen, TransportBusy
 from gossip.matrix import check, topology_modes
 from gossip.overlap import DEFAULT_BUCKET_MB, DEFAULT_FIRST_BUCKET_MB
 from gossip.rendezvous import Rendezvous
-from gossip.rendezvous.meet import meet, transport_args
+from gossip.rendezvous.meet import Locator, meet, transport_args
 from gossip.stepping import LocalStep, Stepper
 from gossip.strategies import DEFAULT, STRATEGIES, Strategy
 from gossip.strategies.elastic import ElasticRounds
@@ -68,7 +68,9 @@ class Peer:
             (gossip/strategies/elastic_gossip.py); others refuse it.
         min_peers: In an elastic run, fewer members than this end it (PeerGone).
         spares: In an elastic run, the topology's last ``spares`` ranks are not members at
-            first: peers started on them join the running ones (``enter``).
+            first: peers started on them join the running ones (``enter``). With a
+            rendezvous they follow the launcher's peers, and a joiner's rank is a fresh id
+            from its store (``Rendezvous.next_id``).
         **options: Strategy options, e.g. ``piece_bytes`` for ring-allreduce; ``compressor``
             may be a compressor's name (with its options, e.g. ``density``) or a Compressor.
 
@@ -97,9 +99,6 @@ class Peer:
                 or spares and not elastic:
             raise ConfigError(f"spares must be an integer in 0..{topology.size - 1} (the "
                               f"topology's peers less one), with elastic, got {spares!r}")
-        if spares and rendezvous is not None:
-            raise ConfigError("spares: not with a rendezvous yet (a joiner runs on a spare "
-                              "rank of a static topology)")
         if timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {timeout}")
         if dead_after <= 0:
@@ -145,7 +144,9 @@ class Peer:
         if self.keep_for_rejoin:
             self.transport.membership.keep_for_rejoin()
         if self.elastic:
-            self.transport.membership.elastic(self.min_peers, self.spares)
+            self.transport.membership.elastic(
+                self.min_peers, self.spares, locate=None if self.rendezvous is None else
+                Locator(self.rendezvous, self.transport, self.topology.size - self.spares))
         if self.attack is not None:
             self.transport = Attacker(self.transport, self.attack, self.topology)
         try:
@@ -164,7 +165,8 @@ class Peer:
         transport = ZmqTransport(self.rank, timeout=self.timeout, local_ipc=self.local_ipc,
                                  keys=self.keys, dead_after=self.dead_after,
                                  **transport_args(self.rendezvous, self.rank, self.topology.size))
-        self.topology = meet(self.rendezvous, self.rank, self.topology, transport)
+        self.topology = meet(self.rendezvous, self.rank, self.topology, transport,
+                             spares=self.spares)
         self.transport = transport
         if not self._threads_given:  # now that we know who shares this machine
             self.comm_threads = communication_threads(
@@ -175,7 +177,8 @@ class Peer:
             self._close(exc_type)
         finally:
             if self.rendezvous is not None:
-                self.rendezvous.close(self.rank, self.topology.size, wait=exc_type is None)
+                self.rendezvous.close(self.rank, self.topology.size - self.spares,
+                                      wait=exc_type is None)
 
     def _close(self, exc_type) -> None:
         # An overlap's thread ends before the goodbye (or the close); what is left to do

@@ -63,7 +63,8 @@ def peer(rank, topology_path, rendezvous_uri, advertise, run_dir, quiet, key_fil
     config = train_config(config_path, strategy_options, **flags)
     shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
                            job=flags["job"])
-    meeting = Meeting.parse(rendezvous_uri, rank, advertise=advertise, timeout=config.timeout)
+    meeting = Meeting.parse(rendezvous_uri, rank, advertise=advertise, timeout=config.timeout,
+                            join=config.join, spares=config.spares)
     rank, topology = meeting.rank, meeting.topology(topology_path)
     config.delays.check_ranks(topology.size)
     check_run(config, topology, arbiter=shared is not None,

@@ -25,18 +25,32 @@ class Meeting:
     rendezvous: Rendezvous | None
     rank: int
     size: int | None  # the launcher's; None: the topology file's
+    spares: int = 0  # ids after the launcher's size, for peers joining through the store
 
     @classmethod
-    def parse(cls, uri: str, rank: int | None, *, advertise: str | None,
-              timeout: float) -> Meeting:
-        """Raises ConfigError for a bad URI or a rank or size nobody gave."""
+    def parse(cls, uri: str, rank: int | None, *, advertise: str | None, timeout: float,
+              join: bool = False, spares: int = 0) -> Meeting:
+        """With ``join`` (an elastic run's joiner) the store gives the rank: a fresh id
+        after the job's members (``Rendezvous.next_id``).
+
+        Raises:
+            ConfigError: a bad URI, a rank or size nobody gave, or ``--rank`` with a join
+                through the store.
+            RendezvousError: the store has no join id left.
+        """
         if uri == "static":
             if advertise:
                 raise ConfigError("--advertise: only with --rendezvous (a static topology "
                                   "names every peer's address)")
             return cls(None, require_rank(os.environ) if rank is None else rank, None)
         rendezvous = Rendezvous.parse(uri, advertise=advertise, timeout=timeout)
-        return cls(rendezvous, rendezvous.rank_of(rank), rendezvous.size_of())
+        if not join:
+            return cls(rendezvous, rendezvous.rank_of(rank), rendezvous.size_of(), spares)
+        if rank is not None:
+            raise ConfigError(f"--rank {rank}: not with --join through a rendezvous (the "
+                              f"store gives a joiner a fresh id)")
+        members = rendezvous.members()
+        return cls(rendezvous, rendezvous.next_id(members, spares), members, spares)
 
     def topology(self, path: str | Path) -> Topology:
         """The topology file's (a graph-only file takes the launcher's size).
@@ -45,10 +59,12 @@ class Meeting:
             ConfigError: the file's peers (or an edge list's ranks) are not the launcher's
                 size, naming where that size came from (e.g. ``$WORLD_SIZE``).
         """
-        topology = Topology.from_yaml(path, size=self.size)
-        if self.size is not None and topology.size != self.size:
+        size = None if self.size is None else self.size + self.spares
+        topology = Topology.from_yaml(path, size=size)
+        if size is not None and topology.size != size:
+            spare = f" and {self.spares} spare id(s)" if self.spares else ""
             raise ConfigError(f"{path}: {topology.size} peers (ranks 0..{topology.size - 1}), "
-                              f"but the launcher started {self.size} "
+                              f"but the launcher started {self.size}{spare} "
                               f"({self.rendezvous.size_origin()})")
         return topology
 
@@ -70,11 +86,11 @@ class Meeting:
             _write(run_dir / "config.yaml", {"train": config.to_dict(),
                                              "topology": node.topology.to_dict(),
                                              "ranks": list(range(node.topology.size))})
-        if not self.restarted:
+        if not self.restarted or node.rank >= self.size:  # a joiner resumes nothing
             return None
         kept = checkpoint.generations(checkpoint_path, rank=node.rank,
                                       strategy=config.strategy, task=config.task)
-        return common_round(self.rendezvous, node.rank, node.topology.size, kept)
+        return common_round(self.rendezvous, node.rank, self.size, kept)
 
 
 def _write(path: Path, data) -> None:

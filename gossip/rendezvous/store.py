@@ -39,6 +39,7 @@ SLURM_BASE_PORT, SLURM_PORT_SPAN, SLURM_STEP_STRIDE = 20000, 10000, 1009
 # own connect once one succeeded.
 CONNECT_RETRY_S, CONNECT_MIN_S = 0.1, 1.0
 CLOSE_WAIT_S = 10.0  # the longest a store's server waits at the end for the others to leave
+JOINER = -1  # the rank a joiner opens the store as before it has an id: never its server
 
 
 class Rendezvous:
@@ -151,7 +152,8 @@ class Rendezvous:
                 timeout = timedelta(seconds=self._await_server(where))
             try:  # as torch.distributed.rendezvous would, with our environment's say
                 if self.path:
-                    self._store = dist.FileStore(self.path, size)
+                    # a joiner is no worker the file's clean-up counts
+                    self._store = dist.FileStore(self.path, -1 if rank == JOINER else size)
                 else:
                     self._store = dist.TCPStore(self.host, self.port, size, self._serving,
                                                 timeout, wait_for_workers=False,
@@ -207,31 +209,96 @@ class Rendezvous:
         Raises:
             RendezvousError: naming the ranks whose key did not come within ``timeout``.
         """
+        self.publish(name, rank, size, value)
+        return self.read(name, range(size))
+
+    def publish(self, name: str, rank: int, size: int, value: bytes) -> None:
+        """Set this rank's ``name`` (under this incarnation's prefix) to ``value``."""
         store = self.store(rank, size)
-        keys = [f"{self.incarnation.prefix}{name}/{r}" for r in range(size)]
         try:
-            store.set(keys[rank], value)
+            store.set(self._key(name, rank), value)
+        except Exception as exc:  # noqa: BLE001 - the store itself is gone
+            raise RendezvousError(f"rendezvous {self.uri}: lost the store while publishing "
+                                  f"{name} ({exc})") from None
+
+    def read(self, name: str, ranks) -> list[bytes]:
+        """``name`` of each of ``ranks`` (this incarnation's), waiting for those not
+        published yet; on an open store.
+
+        Raises:
+            RendezvousError: naming the ranks whose key did not come within ``timeout``.
+        """
+        store, ranks = self._store, list(ranks)
+        keys = [self._key(name, r) for r in ranks]
+        try:
             return store.multi_get(keys)
         except Exception as exc:  # noqa: BLE001 - timeouts and lost connections alike
             try:
-                missing = [r for r, key in enumerate(keys) if not store.check([key])]
+                missing = [r for r, key in zip(ranks, keys) if not store.check([key])]
             except Exception:  # noqa: BLE001 - the store itself is gone
                 raise RendezvousError(f"rendezvous {self.uri}: lost the store while "
                                       f"exchanging {name} ({exc})") from None
             raise RendezvousError(f"rendezvous {self.uri}: rank(s) {_ranks(missing)} did not "
                                   f"publish their {name} within {self.timeout:g} s") from None
 
+    def _key(self, name: str, rank: int | None = None) -> str:
+        """A key of this incarnation: an older one's (a job restarted whole) is never read."""
+        return f"{self.incarnation.prefix}{name}" + ("" if rank is None else f"/{rank}")
+
+    # -- joins (elastic runs) -------------------------------------------------------------
+
+    def announce_size(self, rank: int, size: int) -> None:
+        """As a member of the job's start: say how many members started (a joiner reads it,
+        ``members``)."""
+        if rank == 0:
+            self.store(rank, size).set(self._key("members"), str(size))
+
+    def members(self) -> int:
+        """How many members the job started with, as they announced it in the store (a
+        joiner's own launcher, e.g. a torchrun of one process, says nothing of the job's).
+
+        Raises:
+            RendezvousError: nothing announced within ``timeout``.
+        """
+        store = self.store(JOINER, 1)
+        try:
+            return int(store.get(self._key("members")))
+        except Exception as exc:  # noqa: BLE001 - a timeout, or the store is gone
+            raise RendezvousError(f"rendezvous {self.uri}: no member of this job announced "
+                                  f"its size within {self.timeout:g} s ({exc})") from None
+
+    def next_id(self, members: int, spares: int) -> int:
+        """A fresh member id for a peer joining the running job: after the ``members`` it
+        started with, from a counter of this incarnation that only grows (the store's
+        atomic add), so no id is ever given twice.
+
+        Raises:
+            RendezvousError: every one of the job's ``spares`` ids is taken.
+        """
+        taken = self.store(JOINER, members).add(self._key("joined"), 1)
+        if taken > spares:
+            raise RendezvousError(f"rendezvous {self.uri}: no join id left: the job's "
+                                  f"{spares} spare id(s) (--spares) were all given")
+        return members + taken - 1
+
+    def entered(self, rank: int, size: int) -> None:
+        """As a joiner that met the others: one more peer the store's server waits for at
+        the end (``close``)."""
+        self.store(rank, size).add(self._key("entered"), 1)
+
     def close(self, rank: int, size: int, *, wait: bool) -> None:
         """Leave the store. The rank serving it waits (bounded) for the others to leave
-        first, so none loses it while still reading."""
+        first (the ``size`` the job started with, and the joiners that met them), so none
+        loses it while still reading."""
         if self._store is None:
             return
         store, self._store = self._store, None
-        key = f"{self.incarnation.prefix}left"
+        key = self._key("left")
         try:
             left = store.add(key, 1)
             deadline = time.monotonic() + min(self.timeout, CLOSE_WAIT_S)
-            while wait and self._serving and left < size and time.monotonic() < deadline:
+            while wait and self._serving and time.monotonic() < deadline \
+                    and left < size + store.add(self._key("entered"), 0):
                 time.sleep(0.05)
                 left = store.add(key, 0)
         except Exception:  # noqa: BLE001 - the store went first: nothing to wait for

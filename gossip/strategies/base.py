@@ -239,6 +239,17 @@ class Strategy(ABC):
     def take_handover(self, state: Mapping[str, Any]) -> None:
         """As a joiner: start from the donor's ``handover_state``."""
 
+    def carried(self) -> tuple[torch.Tensor, ...]:
+        """Elastic runs: what the result of the round completed last travels with to a
+        member that adopts it (gossip/strategies/elastic.py); nothing by default."""
+        return ()
+
+    def adopted(self, round: int, carried: Sequence[torch.Tensor]) -> None:
+        """Elastic runs: ``round`` was completed elsewhere and its result adopted here, with
+        ``carried`` (the donor's ``carried()``): leave this strategy's state as its own
+        completion would. By default the state the interrupted round left is that already
+        (a residual that depends on this peer's input alone)."""
+
     def rejoin_round(self, rounds: Mapping[int, int]) -> int:
         """The round a peer restarted from a checkpoint resumes at, from the round each
         running peer is at (by rank). Strategies that cannot take a peer back raise."""

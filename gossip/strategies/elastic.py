@@ -7,16 +7,17 @@ member died), this member agrees on the next view with the others, giving the la
 completed; the view says which round comes next:
 
 * a round some survivor completed is adopted bitwise by those that had not (the dead peer's
-  share included): its result comes from ``View.donor``, which keeps its last result until
-  the round after it completes;
+  share included): its result comes from ``View.donor``, which keeps its last result (and
+  the strategy's ``carried()`` of it) until the round after it completes;
 * a round nobody completed is redone by every survivor on the new view (the mean over them).
 
 Never both, so every survivor's results stay bitwise equal. The round's input is left as it
 came (the strategy writes into a buffer of its own) and the strategy's state (a residual) is
 restored as it was before the round (``state_dict``), so a redo starts from them again; an
-adopted round keeps the state the interrupted one left (a strategy declares
-``survives_death`` only where that is the state of a completed round: its residual depends
-on its own input alone).
+adopted round keeps the state the interrupted one left, completed by the strategy's
+``adopted(round, carried)`` as a completed round leaves it (a residual that depends on the
+peer's input alone needs nothing; gtop-k's and SparDL's need the round's global index set,
+which the donor's result carries).
 
 A peer joins (``enter``, on a spare id of the topology) by asking the members; the
 coordinator proposes a view with it, activated two rounds on (epochs.py); its donor sends it
@@ -66,7 +67,8 @@ class ElasticRounds:
         self.handover_kind = f"{inner.options.tag}.{HANDOVER}"
         if epochs.rank in epochs.view.members:  # epoch 0 leaves the spare ids out
             inner.regroup(epochs.view.slot(epochs.rank), epochs.view.members, epochs.view.epoch)
-        self.kept: tuple[int, torch.Tensor] | None = None  # (round, its result)
+        # (round, its result, what the result carries to an adopter: strategy.carried())
+        self.kept: tuple[int, torch.Tensor, tuple[torch.Tensor, ...]] | None = None
         self.recovered: dict[int, str] = {}  # round -> "adopted" (from a donor) or "redone"
         self.left = False
 
@@ -95,9 +97,10 @@ class ElasticRounds:
         while True:
             try:
                 if self.view.round > round:  # some survivor completed it: take its result
-                    result = self._adopt(x, round)
+                    result, carried = self._adopt(x, round)
                 else:
                     result = self.inner.synchronize(x, round, out=torch.empty_like(x))
+                    carried = self.inner.carried()
                 break
             except (PeerGone, CollectiveAborted):
                 view = self.epochs.reform(round - 1, self.timeout)
@@ -106,7 +109,7 @@ class ElasticRounds:
                 if view.round == round:
                     self.inner.load_state_dict(saved)
                     self.recovered[round] = "redone"
-        self.kept = (round, result)
+        self.kept = (round, result, carried)
         if out is None:
             return result.clone()
         return out.copy_(result.view_as(out))
@@ -187,7 +190,7 @@ class ElasticRounds:
         if self.left or self.kept is None:
             return
         self.epochs.cancel()  # a join due after the last round: nobody runs it
-        last, result = self.kept
+        last, result, _ = self.kept
         state = self.inner.state_dict()
         self.synchronize(torch.zeros_like(result), last + 1)  # the strategy's own length
         self.inner.load_state_dict(state)
@@ -212,9 +215,10 @@ class ElasticRounds:
         for dst in view.behind:
             self.inner.transport.send(dst, Message(self.adopt_kind, view.round - 1,
                                                    meta={"e": view.epoch},
-                                                   buffers=(self.kept[1].reshape(-1),)))
+                                                   buffers=(self.kept[1].reshape(-1),
+                                                            *self.kept[2])))
 
-    def _adopt(self, x: torch.Tensor, round: int) -> torch.Tensor:
+    def _adopt(self, x: torch.Tensor, round: int) -> tuple[torch.Tensor, tuple]:
         view = self.view
         msg = self.inner.transport.recv(src=view.donor, kind=self.adopt_kind, round=round,
                                         timeout=self.timeout)
@@ -225,8 +229,10 @@ class ElasticRounds:
                                 f"of view {msg.meta.get('e')} as {result.numel()} x "
                                 f"{result.dtype}, expected view {view.epoch}, {x.numel()} x "
                                 f"{x.dtype}")
+        carried = msg.buffers[1:]
+        self.inner.adopted(round, carried)
         self.recovered[round] = "adopted"
-        return result.view_as(x)
+        return result.view_as(x), carried
 
 
 def _digest(data: bytes) -> str:

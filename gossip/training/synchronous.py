@@ -77,14 +77,14 @@ class Trainer:
                 torch.manual_seed(config.seed)
                 model = self.task.build_model()
         self.model = model
-        shards = partition(self.task.train.y, peer.topology.size, scheme=config.partition,
-                           alpha=config.alpha, seed=config.seed)
         self.per_minibatch = config.batch_size // config.minibatches
-        self.batches = BatchStream(self.task.train, shards[peer.rank],
-                                   batch_size=self.per_minibatch,
-                                   seed=config.seed * 1000 + peer.rank)
-        if peer.attack is not None:  # label flipping trains on its own data, changed
-            self.batches = peer.attack.kind.data(self.batches, self.task.num_classes)
+        self.data_epoch: int | None = None  # an elastic run's: the view the shard follows
+        if peer.view is None:
+            self.batches = self._shard(peer.topology.size, peer.rank,
+                                       config.seed * 1000 + peer.rank)
+        else:  # a joiner's comes with the view admitting it
+            self.batches = None
+            self.reshard()
         self.optimizer = torch.optim.SGD(model.parameters(), lr=config.lr,
                                          momentum=config.momentum)
         if config.layer_delay:
@@ -179,6 +179,7 @@ class Trainer:
 
     def train_round(self, round: int) -> Record:
         """Compute, synchronize, record, and probe when it is time to."""
+        self.reshard()
         before, start = self.peer.stats, self.clock.monotonic()
         work = self.compute(round)
         comm_s = self.synchronize(round, work)
@@ -271,6 +272,32 @@ class Trainer:
             "bytes": [record.bytes_sent, record.bytes_recv]})
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _shard(self, shards: int, shard: int, seed: int):
+        """Batches of shard ``shard`` of ``shards`` of the training split (the run's seeded
+        partition), drawn in the order ``seed`` gives."""
+        config = self.config
+        split = partition(self.task.train.y, shards, scheme=config.partition,
+                          alpha=config.alpha, seed=config.seed)
+        batches = BatchStream(self.task.train, split[shard], batch_size=self.per_minibatch,
+                              seed=seed)
+        if self.peer.attack is not None:  # label flipping trains on its own data, changed
+            batches = self.peer.attack.kind.data(batches, self.task.num_classes)
+        return batches
+
+    def reshard(self) -> None:
+        """In an elastic run, the data shard follows (seed, epoch, slot), not the member id
+        (spec: a joiner's id may exceed any partition's size): shard ``slot`` of the view's
+        size, in an order of (seed, epoch, slot); epoch 0's is a static run's. It changes
+        with the view installed when a round's computation starts."""
+        peer, view = self.peer, self.peer.view
+        if view is None or view.epoch == self.data_epoch or peer.rank not in view.members \
+                or view.epoch == 0 and peer.rank >= peer.topology.size - peer.spares:
+            return  # not elastic, no change, or a joiner that no view admitted yet
+        slot, seed = view.slot(self.peer.rank), self.config.seed
+        self.batches = self._shard(view.size, slot, (seed * 1_000_003 + view.epoch) * 1000
+                                   + slot if view.epoch else seed * 1000 + slot)
+        self.data_epoch = view.epoch
 
     def _inject_delay(self, measured: float) -> float:
         """Sleep the injected delay of the next mini-batch (sleeping costs no CPU, so many

@@ -91,7 +91,8 @@ class Endpoints:
         """``rank`` now listens at ``endpoint``; whether that changed anything."""
         if rank == self.rank or (endpoint == self.all[rank] and local == (rank in self._local)):
             return False
-        if endpoint != self.all[rank]:  # an operator wants to know where a restart went
+        # an operator wants to know where a restart went (port 0: a joiner's first address)
+        if endpoint != self.all[rank] and not self.all[rank].endswith(":0"):
             log.warning("rank %d: peer %d restarted at %s (was %s): reaching it there",
                         self.rank, rank, endpoint, self.all[rank])
         self.all[rank] = endpoint

@@ -117,12 +117,16 @@ class Epochs:
         describe: How to name an id in an error.
         clock: Time reads of the waits.
         farewell: ``farewell(id)``: say goodbye to a member that leaves.
+        locate: ``locate(ids)``: learn where ids not known yet listen (joiners through a
+            rendezvous store: gossip/rendezvous/meet.py's ``Locator``), before a message
+            goes to them.
     """
 
     def __init__(self, rank: int, members, *, min_peers: int, send: Callable[[int, Message], None],
                  wait: Callable[[float], bool], gone: Callable[[], set[int]],
                  describe: Callable[[int], str], clock,
-                 farewell: Callable[[int], None] = lambda member: None):
+                 farewell: Callable[[int], None] = lambda member: None,
+                 locate: Callable[[list[int]], None] = lambda ids: None):
         self.rank, self.min_peers = rank, min_peers
         self.first = tuple(sorted(members))  # epoch 0's members: whom a joiner asks
         # a joiner's own view is itself alone until it is admitted: no loss among the
@@ -131,7 +135,7 @@ class Epochs:
         # every view installed here, in order (a joiner's from the one admitting it)
         self.history = [self.view] if rank in self.first else []
         self.leaving: dict[int, int] = {}  # member -> the last round it runs
-        self._farewell = farewell
+        self._farewell, self._locate = farewell, locate
         self.stale = 0  # messages of older epochs dropped (strategies count them here)
         self.agreements = 0  # views this member decided as coordinator
         self._send, self._wait = send, wait
@@ -182,7 +186,7 @@ class Epochs:
             self._states[msg.src] = meta
             return
         if msg.kind == ENTER:
-            if msg.src not in self.view.members:
+            if msg.src not in self.view.members and self._located([msg.src]):
                 self.asking.add(msg.src)
             return
         if msg.kind == LEAVE:
@@ -197,11 +201,22 @@ class Epochs:
             log.info("rank %d: ignored view %d from peer %d (installed %d)", self.rank,
                      view.epoch, msg.src, self.view.epoch)
             return
+        if not self._located(view.members):
+            return  # the coordinator's next view (a death) or join (asked again) goes on
         if view.joins or meta.get("due") is True:  # installed at its round, not at once
             self.scheduled = view
             self._passed = view.epoch
         elif self._offered is None or view.epoch > self._offered.epoch:
             self._offered = view
+
+    def _located(self, ids) -> bool:
+        """Whether every one of ``ids`` can be reached (``locate``); a failure is logged."""
+        try:
+            self._locate(list(ids))
+            return True
+        except Exception as exc:  # noqa: BLE001 - a store that failed: this change waits
+            log.warning("rank %d: cannot reach peer(s) %s: %s", self.rank, list(ids), exc)
+            return False
 
     def gone_for(self, round: int | None) -> list[int]:
         """Members that left before ``round`` (any round, for None), sorted."""

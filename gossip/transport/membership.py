@@ -121,6 +121,7 @@ class Membership:
         self._welcomes: dict[int, Mapping] = {}
         self._rejoining = False
         self.epochs: Epochs | None = None  # an elastic run's views (``elastic``)
+        self._reachable: Callable[[int], bool] = lambda rank: True  # has an address
 
     # -- configuration ----------------------------------------------------------------------
     def collective(self, kinds: Iterable[str]) -> None:
@@ -133,17 +134,22 @@ class Membership:
         if self._replay is None:
             self._replay = {}
 
-    def elastic(self, min_peers: int, spares: int = 0) -> Epochs:
+    def elastic(self, min_peers: int, spares: int = 0, locate=None) -> Epochs:
         """Run all-peer exchanges on agreed views of the members (epochs.py) from now on,
         down to ``min_peers`` members; the last ``spares`` ranks are not members at first
-        (they may join)."""
+        (they may join). ``locate``, for joiners through a store (rendezvous/meet.py's
+        ``Locator``): ``locate(ids)`` learns where those not known yet listen, and
+        ``locate.knows(id)`` whether it was: a death is not told to an id nobody has."""
+        if locate is not None:
+            self._reachable = locate.knows
         if self.epochs is None:
             net = self._net
             self.epochs = Epochs(
                 net.rank, range((net.size or 1) - spares), min_peers=min_peers,
                 send=self._send_message,
                 wait=net.wait, gone=lambda: set(self.lost) | set(net.departed()),
-                describe=net.describe, clock=net.clock, farewell=net.farewell)
+                describe=net.describe, clock=net.clock, farewell=net.farewell,
+                **({} if locate is None else {"locate": locate}))
         return self.epochs
 
     def _counted(self) -> list[int]:
@@ -285,7 +291,8 @@ class Membership:
 
     def _broadcast(self, kind: str, meta: dict, *, include: int | None = None) -> None:
         for dst in range(self._net.size or 0):
-            if dst != self._net.rank and (dst not in self.lost or dst == include):
+            if dst != self._net.rank and (dst not in self.lost or dst == include) \
+                    and self._reachable(dst):
                 self._send(dst, kind, meta)
 
     def _send(self, dst: int, kind: str, meta: dict) -> None:

@@ -227,7 +227,8 @@ def test_fewer_than_min_peers_end_the_run_naming_the_dead(local_topology, run_pe
 
 
 @pytest.mark.parametrize("strategy, options", [("dpsgd", {"staleness": 2}),
-                                               ("spardl", {"density": 0.5}),
+                                               ("topk-allgather", {"density": 0.5,
+                                                                   "robust": "median"}),
                                                ("ring-allreduce", {"compressor": "fp16"})])
 def test_strategies_that_cannot_survive_a_death_refuse_elastic(strategy, options,
                                                                local_topology):

@@ -52,28 +52,38 @@ def run_with_joins(run_peers, topology, *, members, rounds, joins, strategy="rin
                                  dead_after=0.5, elastic=True, spares=size - members,
                                  **options) as peer:
             peers[rank] = peer
-            model, first, models = torch.zeros(N, dtype=torch.float64), 0, {}
             if rank >= members:
                 with progress:
                     assert progress.wait_for(lambda: done[0] >= joins[rank], timeout=TIMEOUT)
-                entered = peer.enter()
-                if entered is None:  # the run ended first
-                    return None, {}
-                first, state = entered
-                model = torch.frombuffer(bytearray(state), dtype=torch.float64).clone()
-                models[first - 1] = model.clone()
-            for round in range(first, rounds):
-                model += peer.synchronize(x[rank, round], round)
-                models[round] = model.clone()
-                peer.hand_over(round, lambda: model.numpy().tobytes())
-                if kills.get(rank) == round:
-                    peer.transport.close()
-                    raise Killed
-                if rank == 0:
-                    pace_joins(peer, round, progress, done, joins, TIMEOUT)
-        return first, models
+            return run_member(peer, x[rank], rounds, joiner=rank >= members,
+                              dies=kills.get(rank), after_round=lambda round: rank == 0
+                              and pace_joins(peer, round, progress, done, joins, TIMEOUT))
 
     return run_peers(size, main, timeout=6 * TIMEOUT), peers, x
+
+
+def run_member(peer, x, rounds, *, joiner, dies=None, after_round=lambda round: None):
+    """``model += peer.synchronize(x[round])`` each round, a joiner from its donor's model
+    (None, {} if the run ended first); dies (closes its transport without a goodbye, as a
+    kill -9 looks to the others) after round ``dies``. Returns the first round it ran and
+    its models after each round, by round."""
+    model, first, models = torch.zeros(N, dtype=torch.float64), 0, {}
+    if joiner:
+        entered = peer.enter()
+        if entered is None:  # the run ended first
+            return None, {}
+        first, state = entered
+        model = torch.frombuffer(bytearray(state), dtype=torch.float64).clone()
+        models[first - 1] = model.clone()
+    for round in range(first, rounds):
+        model += peer.synchronize(x[round], round)
+        models[round] = model.clone()
+        peer.hand_over(round, lambda: model.numpy().tobytes())
+        if dies == round:
+            peer.transport.close()
+            raise Killed
+        after_round(round)
+    return first, models
 
 
 @pytest.mark.parametrize("strategy, options", [("ring-allreduce", {}),
@@ -166,9 +176,9 @@ def test_spares_need_elastic_and_only_spares_enter(local_topology):
         Peer(0, topology, "ring-allreduce", spares=1)
     with pytest.raises(ConfigError, match="^spares must be"):
         Peer(0, topology, "ring-allreduce", elastic=True, spares=3)
-    with pytest.raises(ConfigError, match="^spares: not with a rendezvous"):
-        Peer(0, topology, "ring-allreduce", elastic=True, spares=1,
-             rendezvous="file:///nonexistent/store")
+    # a rendezvous takes spares: their ids go to peers joining through its store
+    Peer(0, topology, "ring-allreduce", elastic=True, spares=1,
+         rendezvous="file:///nonexistent/store")
 
 
 @pytest.mark.slow

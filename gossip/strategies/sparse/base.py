@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from gossip.compress.sparse import k_for
-from gossip.errors import ConfigError
+from gossip.errors import ConfigError, ProtocolError
 from gossip.strategies.base import Strategy
 from gossip.strategies.sparse.options import SparseOptions
 from gossip.strategies.sparse.timings import Timings
@@ -17,6 +18,7 @@ from gossip.transport import Message
 
 #: Working dtypes (numpy has no bfloat16).
 DTYPES = (torch.float32, torch.float64, torch.float16)
+_NO_INDEX = np.zeros(0, dtype=np.int64)
 
 
 class SparseStrategy(Strategy):
@@ -43,8 +45,9 @@ class SparseStrategy(Strategy):
         self.timings = Timings()  # of the last synchronize
         self._work: torch.Tensor | None = None  # x + residual, then the new residual
         self._numel = 0
-        # The members' ids in rank order, and their view's epoch (elastic runs: regroup).
-        self.members, self.epoch = list(range(self.size)), None
+        # The members' ids in rank order, this peer's index among them (its place in the
+        # schedule), and their view's epoch (elastic runs: regroup).
+        self.members, self.slot, self.epoch = list(range(self.size)), rank, None
         self.stale = 0  # messages of older views dropped
         # Sample positions of the selection; any seed gives the same (exact) top-k.
         self._generator = torch.Generator().manual_seed(1 + rank)
@@ -91,6 +94,8 @@ class SparseStrategy(Strategy):
         """The working buffer holding ``x + residual`` (or ``x`` without error feedback)."""
         n = flat.numel()
         work = self._work
+        if work is not None and work.numel() != self._padded(n) and self._numel == n:
+            work = self._work = self._repadded(work, n)  # a view of another size (spardl)
         if work is not None and self._numel != n:
             raise ConfigError(f"{type(self).__name__} got a tensor of {n} elements; its "
                               f"residual has {self._numel} (use one instance per tensor)")
@@ -110,6 +115,12 @@ class SparseStrategy(Strategy):
         """Length of the working buffer for a tensor of ``n``."""
         return n
 
+    def _repadded(self, work: torch.Tensor, n: int) -> torch.Tensor:
+        """``work``'s first ``n`` entries in a buffer of ``_padded(n)`` (the rest 0)."""
+        fresh = torch.zeros(self._padded(n), dtype=work.dtype)
+        fresh[:n].copy_(work[:n])
+        return fresh
+
     def _k(self, n: int) -> int:
         return k_for(self.density, n)
 
@@ -127,12 +138,68 @@ class SparseStrategy(Strategy):
             return msg
 
     def regroup(self, slot: int, members, epoch: int) -> None:
-        """Run on the view ``epoch`` of ``members`` (ids, in rank order) from now on (for a
-        subclass that declares ``survives_death``)."""
-        self.members, self.size, self.epoch = list(members), len(members), epoch
+        """Run on the view ``epoch`` of ``members`` (ids, in rank order) from now on, as
+        ``slot`` (for a subclass that declares ``survives_death``)."""
+        self.members, self.slot = list(members), slot
+        self.size, self.epoch = len(members), epoch
 
     @abstractmethod
     def _run(self, work: torch.Tensor, n: int, dest: torch.Tensor, round: int,
              timings: Timings) -> None:
         """Write the mean of the sparse aggregate to ``dest`` and leave the new residual in
         ``work`` (which held this peer's input)."""
+
+
+class GlobalSelection(SparseStrategy):
+    """A sparse all-reduce whose selection depends on the others' sets (gtop-k, SparDL): a
+    peer's residual needs the round's global index set, so a round adopted in an elastic run
+    (gossip/strategies/elastic.py) travels with it (``carried``) and the adopting peer
+    completes its residual from it (``adopted``). A subclass calls ``_settles`` once its part
+    that needs the others is done and ``_settled`` at the end of the round."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # (round, completes this peer's residual of that round from its global index set)
+        self._settle: tuple[int, Callable[[np.ndarray], None]] | None = None
+        self._global = _NO_INDEX  # the global index set of the last round completed here
+
+    def _settles(self, round: int, settle: Callable[[np.ndarray], None]) -> None:
+        """This peer's part of ``round`` that needs the others is done: ``settle(G)``, with
+        G the round's global index set, completes its residual as completion does."""
+        self._settle = (round, settle)
+
+    def _settled(self, round: int, global_idx: np.ndarray) -> None:
+        """Complete ``round`` here, its global index set known."""
+        settle = self._settle
+        self._settle = None
+        settle[1](global_idx)
+        self._global = global_idx.astype(np.int64, copy=True)  # not a received frame's memory
+
+    def carried(self) -> tuple[torch.Tensor, ...]:
+        """The global index set of the round completed last (flat indices, sorted): what an
+        adopted round's result travels with."""
+        return (torch.from_numpy(self._global),)
+
+    def adopted(self, round: int, carried) -> None:
+        """``round`` completed elsewhere; its global index set ``carried`` completes this
+        peer's residual exactly as its own completion would. Every member had done its
+        part of a round somebody completed (the settle step), so the rest depends on the
+        global set alone.
+
+        Raises:
+            ProtocolError: the set is malformed, or this peer had not done its part.
+        """
+        numel = self._numel
+        if len(carried) != 1 or carried[0].dtype != torch.int64 or carried[0].dim() != 1:
+            raise ProtocolError(f"rank {self.rank}: round {round} adopted without its global "
+                                f"index set (got {[(c.dtype, c.numel()) for c in carried]})")
+        idx = carried[0].numpy()
+        if idx.size and (idx[0] < 0 or idx[-1] >= numel or (idx[1:] <= idx[:-1]).any()):
+            raise ProtocolError(f"rank {self.rank}: round {round} adopted with a global index "
+                                f"set not sorted, distinct and within [0, {numel})")
+        if self._settle is None or self._settle[0] != round:
+            raise ProtocolError(f"rank {self.rank}: round {round} adopted, but this peer had "
+                                f"not done its part of it (a round somebody completed needs "
+                                f"every member's)")
+        self._settled(round, idx)
+

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from gossip.strategies.sparse.base import SparseStrategy
+from gossip.strategies.sparse.base import GlobalSelection
 from gossip.strategies.sparse.options import GTopKOptions
 from gossip.strategies.sparse.sets import keep_topk, member, merge_sum, select
 from gossip.strategies.sparse.traffic import gtopk_traffic
@@ -62,10 +62,17 @@ def broadcast_steps(rank: int, size: int) -> Iterator[tuple[str, int]]:
         d //= 2
 
 
-class GTopK(SparseStrategy):
-    """Global top-k by pairwise merging along a binomial tree, O(k log P) per peer."""
+class GTopK(GlobalSelection):
+    """Global top-k by pairwise merging along a binomial tree, O(k log P) per peer.
+
+    In an elastic run the tree is on the view's slots. A round some member completed had
+    every member's reduce done (its set reached slot 0 through its chain), and a member's
+    residual then lacks only what the global set decides (``reference``; ``conserve``'s is
+    final): ``adopted`` completes it from the set the donor carries.
+    """
 
     options_class = GTopKOptions
+    survives_death = True
 
     def __init__(self, *, rank, topology, transport, options: GTopKOptions | None = None):
         super().__init__(rank=rank, topology=topology, transport=transport, options=options)
@@ -87,39 +94,45 @@ class GTopK(SparseStrategy):
             residual[idx] = 0  # provisional: everything not sent
         local = idx, val
         conserve = self.residual_mode == "conserve"
+        slot, members = self.slot, self.members
         msg = None  # the set as it last travelled, forwarded as is in the broadcast
-        for action, peer, step in reduce_steps(self.rank, self.size):
+        for action, peer, step in reduce_steps(slot, self.size):
             if action == "send":
                 with timings("encode"):
                     block = encode_block(0, idx, val, n, self.indices)
-                    mine = pack(up, round, [block], n=n, step=step)
-                self._send(peer, mine, timings)
+                    mine = pack(up, round, [block], n=n, step=step, epoch=self.epoch)
+                self._send(members[peer], mine, timings)
                 break
-            theirs = self._recv_set(up, round, peer, n, k, step, dest.dtype, timings)
+            theirs = self._recv_set(up, round, members[peer], n, k, step, dest.dtype, timings)
             with timings("reduce"):
                 (idx, val), (lost, lost_val) = keep_topk(*merge_sum(idx, val, theirs.idx,
                                                                     theirs.val), k)
                 if conserve:
                     residual[lost] += lost_val  # indices in a set are distinct
+
+        def settle(global_idx):  # the reference rule: sent entries G left out come back
+            if not conserve:
+                sent, sent_val = local
+                back = ~member(sent, global_idx)
+                residual[sent[back]] += sent_val[back]
+
+        self._settles(round, settle)
         # Broadcast messages are forwarded unchanged, so all carry step 0.
-        for action, peer in broadcast_steps(self.rank, self.size):
+        for action, peer in broadcast_steps(slot, self.size):
             if action == "recv":
-                msg = self._recv(peer, down, round, timings)
+                msg = self._recv(members[peer], down, round, timings)
                 with timings("decode"):
                     (block,) = unpack(msg, rank=self.rank, n=n, step=0, blocks=[0], length=n,
                                       limit=k, dtype=dest.dtype)
                 idx, val = block.idx, block.val
                 continue
-            if msg is None:  # rank 0: encode the global set once for all its children
+            if msg is None:  # slot 0: encode the global set once for all its children
                 with timings("encode"):
                     block = encode_block(0, idx, val, n, self.indices)
-                    msg = pack(down, round, [block], n=n, step=0)
-            self._send(peer, msg, timings)
+                    msg = pack(down, round, [block], n=n, step=0, epoch=self.epoch)
+            self._send(members[peer], msg, timings)
         with timings("reduce"):
-            if not conserve:
-                sent, sent_val = local
-                back = ~member(sent, idx)
-                residual[sent[back]] += sent_val[back]
+            self._settled(round, idx)
             dest.zero_()
             dest.numpy()[idx] = val / self.size
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from gossip.errors import ProtocolError
-from gossip.strategies.sparse.base import SparseStrategy
+from gossip.strategies.sparse.base import GlobalSelection
 from gossip.strategies.sparse.options import SparDLOptions
 from gossip.strategies.sparse.sets import member, select
 from gossip.strategies.sparse.traffic import spardl_traffic
@@ -71,11 +71,18 @@ def _union(sets: list[np.ndarray]) -> np.ndarray:
     return both[np.concatenate(([True], both[1:] != both[:-1]))] if both.size else both
 
 
-class SparDL(SparseStrategy):
+class SparDL(GlobalSelection):
     """Spar-Reduce-Scatter + Spar-All-Gather with global residual collection (density per
-    block: k_b = max(1, ceil(d·B)), B = ceil(n/P))."""
+    block: k_b = max(1, ceil(d·B)), B = ceil(n/P)).
+
+    In an elastic run the blocks and schedules are on the view's slots (any P). A round some
+    member completed had every block's final set made, so every member had sent its whole
+    reduce-scatter and kept what it dropped of each block; its residual then lacks only the
+    globally kept coordinates: ``adopted`` completes it from the set the donor carries.
+    """
 
     options_class = SparDLOptions
+    survives_death = True
 
     @classmethod
     def traffic(cls, rank, size, numel, dtype, options):
@@ -89,7 +96,7 @@ class SparDL(SparseStrategy):
 
     def _run(self, work, n, dest, round, timings) -> None:
         rs, ag = self.kinds
-        p, r = self.size, self.rank
+        p, r, members = self.size, self.slot, self.members
         length = work.numel() // p
         k = self._k(length)
         blocks = work.view(p, length)
@@ -98,12 +105,12 @@ class SparDL(SparseStrategy):
 
         def expect(msg, step, ids):
             with timings("decode"):
-                got = unpack(msg, rank=r, n=n, step=step, blocks=ids, length=length, limit=k,
-                             dtype=dest.dtype)
+                got = unpack(msg, rank=self.rank, n=n, step=step, blocks=ids, length=length,
+                             limit=k, dtype=dest.dtype)
             for block in got:  # padding is 0, never selected: only a broken peer sends it
                 if block.idx.size and block.id * length + block.idx[-1] >= n:
-                    raise ProtocolError(f"rank {r}: peer {msg.src} sent {msg.kind} round "
-                                        f"{round}: block {block.id} has index "
+                    raise ProtocolError(f"rank {self.rank}: peer {msg.src} sent {msg.kind} "
+                                        f"round {round}: block {block.id} has index "
                                         f"{int(block.idx[-1])} in the padding (n = {n})")
             return got
 
@@ -115,23 +122,33 @@ class SparDL(SparseStrategy):
                 with timings("encode"):
                     out.append(encode_block(b, idx, val, length, self.indices))
             with timings("encode"):
-                msg = pack(rs, round, out, n=n, step=step)
-            self._send((r + d) % p, msg, timings)
-            msg = self._recv((r - d) % p, rs, round, timings)
+                msg = pack(rs, round, out, n=n, step=step, epoch=self.epoch)
+            self._send(members[(r + d) % p], msg, timings)
+            msg = self._recv(members[(r - d) % p], rs, round, timings)
             for block in expect(msg, step, [(r + j) % p for j in range(m)]):
                 received[block.id].append(block)
         idx, val = self._select(blocks[r], received.pop(r, ()), k, dropped, r, timings)
         with timings("encode"):
             final = {r: encode_block(r, idx, val, length, self.indices)}
+        residual = blocks.numpy()
+        self._settles(round, lambda global_idx: self._collect(
+            residual, global_idx.reshape(-1), dropped, length))
         for step, (d, m) in enumerate(all_gather_schedule(p)):
             with timings("encode"):
-                msg = pack(ag, round, [final[(r + j) % p] for j in range(m)], n=n, step=step)
-            self._send((r - d) % p, msg, timings)
-            msg = self._recv((r + d) % p, ag, round, timings)
+                msg = pack(ag, round, [final[(r + j) % p] for j in range(m)], n=n, step=step,
+                           epoch=self.epoch)
+            self._send(members[(r - d) % p], msg, timings)
+            msg = self._recv(members[(r + d) % p], ag, round, timings)
             for block in expect(msg, step, [(r + d + j) % p for j in range(m)]):
                 final[block.id] = block
         with timings("reduce"):
-            self._finish(blocks.numpy(), final, dropped, dest, n, length)
+            dest.zero_()
+            mean = dest.numpy()
+            kept = []
+            for b in range(p):  # every kept index is < n (padding is 0, never selected)
+                mean[b * length + final[b].idx] = final[b].val / p
+                kept.append(b * length + final[b].idx)
+            self._settled(round, np.concatenate(kept))
 
     def _select(self, own: torch.Tensor, received: list[Block], k: int,
                 dropped: dict[int, _Dropped], b: int, timings) -> tuple[np.ndarray, np.ndarray]:
@@ -158,17 +175,14 @@ class SparDL(SparseStrategy):
             total[got] = saved
         return idx, val
 
-    def _finish(self, blocks: np.ndarray, final: dict[int, Block], dropped: dict[int, _Dropped],
-                dest: torch.Tensor, n: int, length: int) -> None:
-        """The mean into ``dest``; the residual (in ``blocks``) by global residual collection."""
-        dest.zero_()
-        mean = dest.numpy()
-        for b in range(self.size):
-            kept, mine = final[b], dropped[b]
-            start = b * length
-            # Every kept index is < n (padding is 0, never selected; checked on receipt).
-            mean[start + kept.idx] = kept.val / self.size
-            row = blocks[b]
-            row[mine.sent[member(mine.sent, kept.idx)]] = 0    # sent on: counted in the result
-            at = member(mine.held, kept.idx)
-            row[mine.held[at]] = mine.held_val[at]             # received, dropped: ours to keep
+    @staticmethod
+    def _collect(blocks: np.ndarray, global_idx: np.ndarray, dropped: dict[int, _Dropped],
+                 length: int) -> None:
+        """Global residual collection into ``blocks`` (this peer's ``x + residual``, one row
+        per block), from the round's kept coordinates ``global_idx`` (sorted, flat)."""
+        cuts = np.searchsorted(global_idx, np.arange(1, blocks.shape[0]) * length)
+        for b, kept in enumerate(np.split(global_idx, cuts)):
+            kept, mine, row = kept - b * length, dropped[b], blocks[b]
+            row[mine.sent[member(mine.sent, kept)]] = 0    # sent on: counted in the result
+            at = member(mine.held, kept)
+            row[mine.held[at]] = mine.held_val[at]         # received, dropped: ours to keep
