@@ -98,14 +98,18 @@ def test_the_fused_difference_falls_back_when_the_sample_misleads(monkeypatch):
     assert torch.equal(idx, expected) and torch.equal(values, (x - base)[expected])
 
 
+@pytest.mark.parametrize("chunk", [public_copy.CHUNK, 1000])  # one chunk; 21, the last short
 @pytest.mark.parametrize("density", [1e-9, 0.01, 1.0])  # k = 1, 1%, k = n
-def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, monkeypatch):
+def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, chunk,
+                                                                     monkeypatch):
     """Five peers on a ring (odd P), n not divisible by P, several rounds: the fused round
-    (difference taken in the selection's pass, the step chunked) against the plain one (x - x̂
-    whole, compress, add_to on both copies, x + gamma (s - x̂) whole), bit for bit."""
+    (difference taken in the selection's pass, the payloads added inside the chunked step)
+    against the plain one (x - x̂ whole, compress, add_to on both copies, x + gamma (s - x̂)
+    whole), bit for bit."""
     from gossip.compress import topk
 
     monkeypatch.setattr(topk, "SAMPLE_SIZE", 1024)  # the sampled path at a test's size
+    monkeypatch.setattr(public_copy, "CHUNK", chunk)
     compressor = create("topk", density=density)
     peers, n, gamma = 5, 20011, 0.3
     gen = torch.Generator().manual_seed(11)
@@ -130,7 +134,7 @@ def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, mo
                 states[r].add_neighbour(compressor, sent[j][0], weight=1 / 3, scale=1.0)
                 compressor.add_to(reference[j], mixed[r], alpha=1 / 3)
         for r in range(peers):
-            xs[r] = states[r].step_into(xs[r], gamma, xs[r])
+            xs[r] = states[r].step_into(xs[r], gamma, xs[r])  # adds the kept payloads first
             plain[r] = torch.add(plain[r], torch.sub(mixed[r], public[r]), alpha=gamma)
             assert torch.equal(xs[r], plain[r])
             assert torch.equal(states[r].public, public[r])
