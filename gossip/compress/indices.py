@@ -275,6 +275,8 @@ def unpack_bits(buf: np.ndarray, width: int, count: int) -> np.ndarray:
                             f"{width} bits need {need}")
     if width == 0 or count == 0:
         return np.zeros(count, dtype=np.uint64)
+    if width <= 8:
+        return _unpack_narrow(buf, width, count)
     if width <= 57:
         # Every value lies in the 8 bytes from its first byte: gather them as one uint64.
         starts = np.arange(count, dtype=np.int64) * width
@@ -288,6 +290,22 @@ def unpack_bits(buf: np.ndarray, width: int, count: int) -> np.ndarray:
     out = np.zeros((count, 8), dtype=np.uint8)
     out[:, :(width + 7) // 8] = np.packbits(bits, axis=1, bitorder="little")
     return out.view("<u8").reshape(-1)
+
+
+def _unpack_narrow(buf: np.ndarray, width: int, count: int) -> np.ndarray:
+    """``unpack_bits`` for widths up to 8: every ``width`` bytes hold eight values, read as
+    one uint64 and split by shifts (no gather at a per-value byte offset)."""
+    groups = -(-count // 8)
+    padded = np.zeros(groups * width, dtype=np.uint8)
+    padded[:buf.size] = buf
+    words = np.zeros((groups, 8), dtype=np.uint8)
+    words[:, :width] = padded.reshape(groups, width)
+    word = words.view("<u8").reshape(groups)
+    mask = np.uint64((1 << width) - 1)
+    out = np.empty((groups, 8), dtype=np.uint64)
+    for j in range(8):
+        np.bitwise_and(word >> np.uint64(j * width), mask, out=out[:, j])
+    return out.reshape(-1)[:count]
 
 
 def varint_encode(values: np.ndarray) -> np.ndarray:

@@ -123,6 +123,10 @@ def test_narrow_packing_lays_out_the_bits_one_by_one(width, count):
     bits = [(int(v) >> b) & 1 for v in values for b in range(width)]
     expected = np.packbits(np.array(bits, dtype=np.uint8), bitorder="little")
     assert np.array_equal(pack_bits(values, width), expected)
+    data = rng.integers(0, 256, size=(count * width + 7) // 8, dtype=np.uint8)  # any bytes
+    bits = np.unpackbits(data, bitorder="little")
+    read = [sum(int(bits[i * width + b]) << b for b in range(width)) for i in range(count)]
+    assert unpack_bits(data, width, count).tolist() == read
 
 
 def test_varints_round_trip_and_report_their_length():
