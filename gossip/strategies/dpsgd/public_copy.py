@@ -5,9 +5,9 @@ entries. The round then needs x_i + gamma (s_i - x̂_i) everywhere; computed who
 two passes over the model and a model-sized temporary. ``step_into`` runs the same two
 elementwise ops on cache-sized chunks instead: one pass, no temporary, and bit for bit the
 same result (elementwise ops round the same whatever the chunking). The difference x_i - x̂_i
-that is compressed goes into a buffer kept across rounds (top-k writes it in the pass that
-scans it); a sparsifier's own payload is applied from its selection, without decoding the
-indices it just encoded.
+that is compressed goes into a buffer kept across rounds (top-k takes it chunk by chunk in
+the pass that scans it and writes nothing model-sized); a sparsifier's own payload is
+applied from its selection, without decoding the indices it just encoded.
 
 A sparsifier's payloads (our own, then each neighbour's) are not scattered into x̂_i and s_i
 as they come: they are validated and kept, and ``step_into`` adds each chunk's share just
