@@ -18,6 +18,7 @@ from gossip.strategies.dpsgd.public_copy import PublicCopy
 ])
 def test_public_copy_matches_the_full_recomputation(name, options, monkeypatch):
     monkeypatch.setattr(public_copy, "CHUNK", 256)  # several chunks, the last one short
+    monkeypatch.setattr(public_copy, "KEEP_FROM", 0)  # sparse payloads kept for the step
     compressor = create(name, **options)
     gen = torch.Generator().manual_seed(7)
     n, weights = 2003, (0.4, 0.35, 0.25)  # self, then two neighbours
@@ -98,9 +99,13 @@ def test_the_fused_difference_falls_back_when_the_sample_misleads(monkeypatch):
     assert torch.equal(out, x - base)  # the exact top-k ran over the whole difference
 
 
-@pytest.mark.parametrize("chunk", [public_copy.CHUNK, 1000])  # one chunk; 21, the last short
+@pytest.mark.parametrize("chunk, keep_from", [
+    (public_copy.CHUNK, public_copy.KEEP_FROM),  # payloads added as they come
+    (public_copy.CHUNK, 0),  # kept for the step: one chunk
+    (1000, 0),  # kept for the step: 21 chunks, the last short
+])
 @pytest.mark.parametrize("density", [1e-9, 0.01, 1.0])  # k = 1, 1%, k = n
-def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, chunk,
+def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, chunk, keep_from,
                                                                      monkeypatch):
     """Five peers on a ring (odd P), n not divisible by P, several rounds: the fused round
     (difference taken in the selection's pass, the payloads added inside the chunked step)
@@ -110,6 +115,7 @@ def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, ch
 
     monkeypatch.setattr(topk, "SAMPLE_SIZE", 1024)  # the sampled path at a test's size
     monkeypatch.setattr(public_copy, "CHUNK", chunk)
+    monkeypatch.setattr(public_copy, "KEEP_FROM", keep_from)
     compressor = create("topk", density=density)
     peers, n, gamma = 5, 20011, 0.3
     gen = torch.Generator().manual_seed(11)

@@ -9,10 +9,11 @@ that is compressed goes into a buffer kept across rounds (top-k takes it chunk b
 the pass that scans it and writes nothing model-sized); a sparsifier's own payload is
 applied from its selection, without decoding the indices it just encoded.
 
-A sparsifier's payloads (our own, then each neighbour's) are not scattered into x̂_i and s_i
-as they come: they are validated and kept, and ``step_into`` adds each chunk's share just
-before it steps that chunk. A scatter-add into a model-sized tensor misses the cache at
-nearly every entry; inside the step's pass the lines are already there. Every element still
+On large models a sparsifier's payloads (our own, then each neighbour's) are not scattered
+into x̂_i and s_i as they come: they are validated and kept, and ``step_into`` adds each
+chunk's share once the chunk is streamed into cache, just before it steps that chunk. A
+scatter-add into a tensor larger than the cache misses at nearly every entry; inside the
+step's pass the lines are already there. Every element still
 sees the same adds in the same order, so the result is the same bits. Reading ``public`` or
 ``mixed`` applies whatever is still kept first.
 """
@@ -29,6 +30,10 @@ from gossip.compress.sparse import Sparse, scatter_add
 
 #: Elements per chunk of the fused step: 3 x 256 KiB of float32 stay in a core's L2.
 CHUNK = 1 << 16
+#: Tensors from this many elements keep a sparsifier's payloads for the step's pass; smaller
+#: ones (x̂_i and s_i in the last-level cache: 1M float32 measured no faster kept, the extra
+#: pass per chunk cost what the scatter saved) add them at once.
+KEEP_FROM = 1 << 22
 
 
 class SparseAdd(NamedTuple):
@@ -113,7 +118,11 @@ class PublicCopy:
 
     def _keep(self, target: torch.Tensor, sparse: Sparse, alpha: float) -> None:
         check_out(target, sparse.header.numel)
-        self._kept.append(SparseAdd(target, sparse, alpha))
+        add = SparseAdd(target, sparse, alpha)
+        if target.numel() < KEEP_FROM:
+            add.apply()
+        else:
+            self._kept.append(add)
 
     def step_into(self, flat: torch.Tensor, gamma: float, dest: torch.Tensor) -> torch.Tensor:
         """dest = x_i + gamma (s_i - x̂_i), chunk by chunk (``dest`` may be ``flat``), each
