@@ -13,9 +13,9 @@ On large models a sparsifier's payloads (our own, then each neighbour's) are not
 into x̂_i and s_i as they come: they are validated and kept, and ``step_into`` adds each
 chunk's share once the chunk is streamed into cache, just before it steps that chunk. A
 scatter-add into a tensor larger than the cache misses at nearly every entry; inside the
-step's pass the lines are already there. Every element still
-sees the same adds in the same order, so the result is the same bits. Reading ``public`` or
-``mixed`` applies whatever is still kept first.
+step's pass the lines are already there. Every element still sees the same adds in the same
+order, so the result is the same bits. Reading ``public`` or ``mixed`` applies whatever is
+still kept first.
 """
 
 from __future__ import annotations
