@@ -242,10 +242,29 @@ def pack_bits(values: np.ndarray, width: int) -> np.ndarray:
     """Pack non-negative ints (< 2**width) LSB first at ``width`` bits each."""
     if width == 0 or values.size == 0:
         return _EMPTY
+    if width <= 8:
+        return _pack_narrow(values, width)
     nbytes = (width + 7) // 8
     raw = np.ascontiguousarray(values, dtype="<u8").view(np.uint8).reshape(-1, 8)[:, :nbytes]
     bits = np.unpackbits(raw, axis=1, bitorder="little")[:, :width]
     return np.packbits(bits.reshape(-1), bitorder="little")
+
+
+def _pack_narrow(values: np.ndarray, width: int) -> np.ndarray:
+    """``pack_bits`` for widths up to 8 by shifts and ors: eight values fill ``width`` bytes
+    of one uint64 exactly, so no value is ever spread out to one byte per bit (Elias-Fano's
+    low bits at 1% density are 6 or 7 wide)."""
+    count = values.size
+    groups = -(-count // 8)
+    v = np.zeros(groups * 8, dtype=np.uint64)
+    v[:count] = values
+    v &= np.uint64((1 << width) - 1)  # as the general path, which keeps the low bits only
+    v = v.reshape(groups, 8)
+    word = v[:, 0].copy()
+    for j in range(1, 8):
+        word |= v[:, j] << np.uint64(j * width)
+    packed = word.astype("<u8", copy=False).view(np.uint8).reshape(groups, 8)[:, :width]
+    return packed.reshape(-1)[:(count * width + 7) // 8]
 
 
 def unpack_bits(buf: np.ndarray, width: int, count: int) -> np.ndarray:
@@ -256,6 +275,8 @@ def unpack_bits(buf: np.ndarray, width: int, count: int) -> np.ndarray:
                             f"{width} bits need {need}")
     if width == 0 or count == 0:
         return np.zeros(count, dtype=np.uint64)
+    if width <= 8:
+        return _unpack_narrow(buf, width, count)
     if width <= 57:
         # Every value lies in the 8 bytes from its first byte: gather them as one uint64.
         starts = np.arange(count, dtype=np.int64) * width
@@ -269,6 +290,22 @@ def unpack_bits(buf: np.ndarray, width: int, count: int) -> np.ndarray:
     out = np.zeros((count, 8), dtype=np.uint8)
     out[:, :(width + 7) // 8] = np.packbits(bits, axis=1, bitorder="little")
     return out.view("<u8").reshape(-1)
+
+
+def _unpack_narrow(buf: np.ndarray, width: int, count: int) -> np.ndarray:
+    """``unpack_bits`` for widths up to 8: every ``width`` bytes hold eight values, read as
+    one uint64 and split by shifts (no gather at a per-value byte offset)."""
+    groups = -(-count // 8)
+    padded = np.zeros(groups * width, dtype=np.uint8)
+    padded[:buf.size] = buf
+    words = np.zeros((groups, 8), dtype=np.uint8)
+    words[:, :width] = padded.reshape(groups, width)
+    word = words.view("<u8").reshape(groups)
+    mask = np.uint64((1 << width) - 1)
+    out = np.empty((groups, 8), dtype=np.uint64)
+    for j in range(8):
+        np.bitwise_and(word >> np.uint64(j * width), mask, out=out[:, j])
+    return out.reshape(-1)[:count]
 
 
 def varint_encode(values: np.ndarray) -> np.ndarray:

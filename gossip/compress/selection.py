@@ -76,9 +76,11 @@ def topk_select(x: torch.Tensor, k: int, *, method: str = "sampled",
 def topk_select_difference(x: torch.Tensor, base: torch.Tensor, out: torch.Tensor, k: int, *,
                            method: str = "sampled", generator: torch.Generator | None = None,
                            sample_size: int = SAMPLE_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
-    """``topk_select(out)`` after ``torch.sub(x, base, out=out)``, the same bits: where it can,
-    the sampled method writes each chunk of the difference and scans it while it is in cache,
-    gathering the candidates' values there (one pass over memory instead of three)."""
+    """``topk_select(x - base)``, the same bits, with ``out`` (x's shape and dtype) as room for
+    the difference: where it can, the sampled method takes each chunk of the difference into
+    a chunk-sized scratch and scans it while it is in cache, gathering the candidates' values
+    there (one read of ``x`` and ``base``, nothing model-sized written), and fills ``out``
+    only if the sample misled it (exact top-k over the whole difference)."""
     n = x.numel()
     k = max(0, min(k, n))
     if (k == 0 or k == n or method == "exact" or n < 4 * sample_size or 4 * k > n
@@ -86,11 +88,15 @@ def topk_select_difference(x: torch.Tensor, base: torch.Tensor, out: torch.Tenso
                        and t.dtype == x.dtype and t.is_contiguous() for t in (x, base, out))):
         torch.sub(x, base, out=out)
         return topk_select(out, k, method=method, generator=generator, sample_size=sample_size)
-    xa, ba, oa = x.numpy(), base.numpy(), out.numpy()
+    xa, ba = x.numpy(), base.numpy()
     positions = torch.randint(n, (sample_size,), generator=generator).numpy()
     # IEEE subtraction in numpy and torch alike: the sample is the one topk_select would draw.
     threshold = _threshold(np.abs(xa[positions] - ba[positions]), k / n)
-    return _keep_k(out, k, *_scan_values(_differences(xa, ba, oa), threshold))
+    candidates, values = _scan_values(_differences(xa, ba, np.empty(min(_CHUNK, n), xa.dtype)),
+                                      threshold)
+    if candidates.size < k:  # unlucky sample: the exact top-k needs the whole difference
+        torch.sub(x, base, out=out)
+    return _keep_k(out, k, candidates, values)
 
 
 def abs_at_least(x: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -105,11 +111,13 @@ def _chunks(a: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         yield start, a[start:start + _CHUNK]
 
 
-def _differences(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """``out = a - b`` chunk by chunk, each chunk handed on while it is in cache."""
+def _differences(a: np.ndarray, b: np.ndarray,
+                 scratch: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``a - b`` chunk by chunk into ``scratch`` (one chunk long), each chunk handed on while
+    it is in cache and overwritten by the next."""
     for start in range(0, a.size, _CHUNK):
-        stop = start + _CHUNK
-        yield start, np.subtract(a[start:stop], b[start:stop], out=out[start:stop])
+        stop = min(start + _CHUNK, a.size)
+        yield start, np.subtract(a[start:stop], b[start:stop], out=scratch[:stop - start])
 
 
 def _scan(a: np.ndarray, threshold: float) -> np.ndarray:

@@ -114,8 +114,9 @@ class SparseCompressor(Compressor):
 
     def select_difference(self, x: torch.Tensor, base: torch.Tensor, out: torch.Tensor, *,
                           key: str, round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``select(x - base)``, the difference written into ``out``; a selection that can
-        overrides this to take the difference in the same pass (top-k)."""
+        """``select(x - base)``, with ``out`` as room for the difference; a selection that can
+        overrides this to take the difference in its own pass, chunk by chunk, and need not
+        fill ``out`` (top-k)."""
         return self.select(torch.sub(x, base, out=out), key=key, round=round)
 
     def compress_unpacked(self, x: torch.Tensor, *, key: str = "",
@@ -128,8 +129,9 @@ class SparseCompressor(Compressor):
 
     def compress_difference(self, x: torch.Tensor, base: torch.Tensor, out: torch.Tensor, *,
                             key: str = "", round: int = 0) -> tuple[Payload, Sparse]:
-        """``compress_unpacked(x - base)``, the difference written into ``out`` (same-shaped
-        contiguous tensors): CHOCO's compressed difference to its public copy."""
+        """``compress_unpacked(x - base)``, ``out`` the room for the difference (same-shaped
+        contiguous tensors; see ``select_difference``): CHOCO's compressed difference to its
+        public copy."""
         return self._packed(out, out.view(-1), *self.select_difference(
             x.view(-1), base.view(-1), out.view(-1), key=key, round=round), key=key, round=round)
 

@@ -54,7 +54,7 @@ class Wrapper(Compressor):
 
     def compress_difference(self, x: torch.Tensor, base: torch.Tensor, out: torch.Tensor, *,
                             key: str = "", round: int = 0) -> tuple[Payload, Sparse]:
-        """``compress_unpacked(x - base)``, the difference written into ``out``."""
+        """``compress_unpacked(x - base)``, the difference taken into ``out``."""
         return self.compress_unpacked(torch.sub(x, base, out=out), key=key, round=round)
 
     def quality(self, numel: int) -> float:

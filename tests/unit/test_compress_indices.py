@@ -113,6 +113,22 @@ def test_bit_packing_round_trips_every_width(width):
     assert np.array_equal(unpack_bits(data, width, 1001), values)
 
 
+@pytest.mark.parametrize("width", range(1, 9))
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 1001])
+def test_narrow_packing_lays_out_the_bits_one_by_one(width, count):
+    """Widths up to 8 are packed by shifts within a word; the oracle spells every value out
+    bit by bit, LSB first (bits above ``width`` are dropped)."""
+    rng = np.random.default_rng(width * 1000 + count)
+    values = rng.integers(0, 2**12, size=count, dtype=np.int64)
+    bits = [(int(v) >> b) & 1 for v in values for b in range(width)]
+    expected = np.packbits(np.array(bits, dtype=np.uint8), bitorder="little")
+    assert np.array_equal(pack_bits(values, width), expected)
+    data = rng.integers(0, 256, size=(count * width + 7) // 8, dtype=np.uint8)  # any bytes
+    bits = np.unpackbits(data, bitorder="little")
+    read = [sum(int(bits[i * width + b]) << b for b in range(width)) for i in range(count)]
+    assert unpack_bits(data, width, count).tolist() == read
+
+
 def test_varints_round_trip_and_report_their_length():
     values = np.array([0, 1, 127, 128, 16383, 16384, 2**40, 2**63 - 1], dtype=np.uint64)
     data = np.concatenate([varint_encode(values), np.array([7], np.uint8)])

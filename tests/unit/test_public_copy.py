@@ -18,6 +18,7 @@ from gossip.strategies.dpsgd.public_copy import PublicCopy
 ])
 def test_public_copy_matches_the_full_recomputation(name, options, monkeypatch):
     monkeypatch.setattr(public_copy, "CHUNK", 256)  # several chunks, the last one short
+    monkeypatch.setattr(public_copy, "KEEP_FROM", 0)  # sparse payloads kept for the step
     compressor = create(name, **options)
     gen = torch.Generator().manual_seed(7)
     n, weights = 2003, (0.4, 0.35, 0.25)  # self, then two neighbours
@@ -81,7 +82,6 @@ def test_the_fused_difference_selects_what_sub_then_select_does(n, k, dtype):
         x, base, out, k, generator=torch.Generator().manual_seed(3), sample_size=4096)
     idx, values = topk_select(plain, k, generator=torch.Generator().manual_seed(3),
                               sample_size=4096)
-    assert torch.equal(out, plain)
     assert torch.equal(fused_idx, idx) and torch.equal(fused_values, values)
     assert fused_idx.numel() == k
 
@@ -96,16 +96,26 @@ def test_the_fused_difference_falls_back_when_the_sample_misleads(monkeypatch):
     idx, values = selection.topk_select_difference(x, base, out, 400, sample_size=4096)
     expected = torch.topk((x - base).abs(), 400).indices.sort().values
     assert torch.equal(idx, expected) and torch.equal(values, (x - base)[expected])
+    assert torch.equal(out, x - base)  # the exact top-k ran over the whole difference
 
 
+@pytest.mark.parametrize("chunk, keep_from", [
+    (public_copy.CHUNK, public_copy.KEEP_FROM),  # payloads added as they come
+    (public_copy.CHUNK, 0),  # kept for the step: one chunk
+    (1000, 0),  # kept for the step: 21 chunks, the last short
+])
 @pytest.mark.parametrize("density", [1e-9, 0.01, 1.0])  # k = 1, 1%, k = n
-def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, monkeypatch):
+def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, chunk, keep_from,
+                                                                     monkeypatch):
     """Five peers on a ring (odd P), n not divisible by P, several rounds: the fused round
-    (difference taken in the selection's pass, the step chunked) against the plain one (x - x̂
-    whole, compress, add_to on both copies, x + gamma (s - x̂) whole), bit for bit."""
+    (difference taken in the selection's pass, the payloads added inside the chunked step)
+    against the plain one (x - x̂ whole, compress, add_to on both copies, x + gamma (s - x̂)
+    whole), bit for bit."""
     from gossip.compress import topk
 
     monkeypatch.setattr(topk, "SAMPLE_SIZE", 1024)  # the sampled path at a test's size
+    monkeypatch.setattr(public_copy, "CHUNK", chunk)
+    monkeypatch.setattr(public_copy, "KEEP_FROM", keep_from)
     compressor = create("topk", density=density)
     peers, n, gamma = 5, 20011, 0.3
     gen = torch.Generator().manual_seed(11)
@@ -130,7 +140,7 @@ def test_choco_rounds_with_the_fused_difference_equal_the_plain_ones(density, mo
                 states[r].add_neighbour(compressor, sent[j][0], weight=1 / 3, scale=1.0)
                 compressor.add_to(reference[j], mixed[r], alpha=1 / 3)
         for r in range(peers):
-            xs[r] = states[r].step_into(xs[r], gamma, xs[r])
+            xs[r] = states[r].step_into(xs[r], gamma, xs[r])  # adds the kept payloads first
             plain[r] = torch.add(plain[r], torch.sub(mixed[r], public[r]), alpha=gamma)
             assert torch.equal(xs[r], plain[r])
             assert torch.equal(states[r].public, public[r])

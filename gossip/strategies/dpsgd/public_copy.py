@@ -5,20 +5,54 @@ entries. The round then needs x_i + gamma (s_i - x̂_i) everywhere; computed who
 two passes over the model and a model-sized temporary. ``step_into`` runs the same two
 elementwise ops on cache-sized chunks instead: one pass, no temporary, and bit for bit the
 same result (elementwise ops round the same whatever the chunking). The difference x_i - x̂_i
-that is compressed goes into a buffer kept across rounds (top-k writes it in the pass that
-scans it); a sparsifier's own payload is applied from its selection, without decoding the
-indices it just encoded.
+that is compressed goes into a buffer kept across rounds (top-k takes it chunk by chunk in
+the pass that scans it and writes nothing model-sized); a sparsifier's own payload is
+applied from its selection, without decoding the indices it just encoded.
+
+On large models a sparsifier's payloads (our own, then each neighbour's) are not scattered
+into x̂_i and s_i as they come: they are validated and kept, and ``step_into`` adds each
+chunk's share once the chunk is streamed into cache, just before it steps that chunk. A
+scatter-add into a tensor larger than the cache misses at nearly every entry; inside the
+step's pass the lines are already there. Every element still sees the same adds in the same
+order, so the result is the same bits. Reading ``public`` or ``mixed`` applies whatever is
+still kept first.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from gossip.compress import Compressor, Payload
+from gossip.compress.base import check_out
 from gossip.compress.sparse import Sparse, scatter_add
 
 #: Elements per chunk of the fused step: 3 x 256 KiB of float32 stay in a core's L2.
 CHUNK = 1 << 16
+#: Tensors from this many elements keep a sparsifier's payloads for the step's pass; smaller
+#: ones (x̂_i and s_i in the last-level cache: 1M float32 measured no faster kept, the extra
+#: pass per chunk cost what the scatter saved) add them at once.
+KEEP_FROM = 1 << 22
+
+
+class SparseAdd(NamedTuple):
+    """``target += alpha * payload``, kept until the step's pass (or a read) applies it."""
+
+    target: torch.Tensor
+    sparse: Sparse
+    alpha: float
+
+    def apply(self) -> None:
+        scatter_add(self.sparse, self.target, alpha=self.alpha)
+
+    def split(self, chunk: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """Indices and values cut at every multiple of ``chunk`` (indices are sorted)."""
+        idx = self.sparse.indices.to(self.target.device)
+        values = self.sparse.values.to(self.target.device, self.target.dtype)
+        ends = torch.arange(chunk, max(chunk, self.target.numel()), chunk, device=idx.device)
+        bounds = torch.searchsorted(idx, ends)
+        return idx.tensor_split(bounds), values.tensor_split(bounds)
 
 
 class PublicCopy:
@@ -26,40 +60,86 @@ class PublicCopy:
 
     def __init__(self, like: torch.Tensor, *, public: torch.Tensor | None = None,
                  mixed: torch.Tensor | None = None):
-        self.public = torch.zeros_like(like) if public is None else public
-        self.mixed = torch.zeros_like(like) if mixed is None else mixed
+        self._public = torch.zeros_like(like) if public is None else public
+        self._mixed = torch.zeros_like(like) if mixed is None else mixed
+        self._kept: list[SparseAdd] = []  # sparse payloads not yet added, in arrival order
         self.difference = torch.empty_like(like)  # x_i - x̂_i, reused every round
         self._gap = torch.empty(min(CHUNK, like.numel()), dtype=like.dtype, device=like.device)
+
+    @property
+    def public(self) -> torch.Tensor:
+        """x̂_i, every payload added."""
+        self.settle()
+        return self._public
+
+    @property
+    def mixed(self) -> torch.Tensor:
+        """s_i, every payload added."""
+        self.settle()
+        return self._mixed
+
+    def settle(self) -> None:
+        """Add the payloads still kept, one scatter-add each (in the order they came)."""
+        kept, self._kept = self._kept, []
+        for add in kept:
+            add.apply()
 
     def compress(self, compressor: Compressor, flat: torch.Tensor, *, key: str,
                  round: int) -> tuple[Payload, Sparse | None]:
         """The payload of Q(x_i - x̂_i) and, for a sparsifier, its decoded form."""
+        public = self.public
         if compressor.sparse:  # top-k takes the difference in the same pass as its scan
             return compressor.compress_difference(  # type: ignore[attr-defined]
-                flat, self.public, self.difference, key=key, round=round)
-        diff = torch.sub(flat, self.public, out=self.difference)
+                flat, public, self.difference, key=key, round=round)
+        diff = torch.sub(flat, public, out=self.difference)
         return compressor.compress(diff, key=key, round=round), None
 
     def add_own(self, compressor: Compressor, payload: Payload, sparse: Sparse | None, *,
                 self_weight: float, scale: float) -> None:
-        """Apply our own payload: x̂_i += Q, s_i += w_ii Q (as the neighbours apply it)."""
-        for target, weight in ((self.public, 1.0), (self.mixed, self_weight)):
+        """Apply our own payload: x̂_i += Q, s_i += w_ii Q (as the neighbours apply it); a
+        sparsifier's is kept for the step, from the selection (SparseCompressor.add_to's
+        scatter-add, without decoding)."""
+        for target, weight in ((self._public, 1.0), (self._mixed, self_weight)):
             if sparse is None:
+                self.settle()
                 compressor.add_to(payload, target, alpha=weight * scale)
-            else:  # SparseCompressor.add_to's scatter-add, from the selection
-                scatter_add(sparse, target, alpha=weight * scale)
+            else:
+                self._keep(target, sparse, weight * scale)
 
     def add_neighbour(self, compressor: Compressor, payload: Payload, *, weight: float,
                       scale: float) -> None:
-        """s_i += w_ij Q_j for a neighbour's payload (validated: ProtocolError if bad)."""
-        compressor.add_to(payload, self.mixed, alpha=weight * scale)
+        """s_i += w_ij Q_j for a neighbour's payload (validated now: ProtocolError if bad; a
+        sparsifier's is kept for the step)."""
+        if compressor.sparse:
+            self._keep(self._mixed, compressor.unpack(payload),  # type: ignore[attr-defined]
+                       weight * scale)
+        else:
+            compressor.add_to(payload, self.mixed, alpha=weight * scale)
+
+    def _keep(self, target: torch.Tensor, sparse: Sparse, alpha: float) -> None:
+        check_out(target, sparse.header.numel)
+        add = SparseAdd(target, sparse, alpha)
+        if target.numel() < KEEP_FROM:
+            add.apply()
+        else:
+            self._kept.append(add)
 
     def step_into(self, flat: torch.Tensor, gamma: float, dest: torch.Tensor) -> torch.Tensor:
-        """dest = x_i + gamma (s_i - x̂_i), chunk by chunk (``dest`` may be ``flat``)."""
-        mixed, public, gap = self.mixed, self.public, self._gap
-        for lo in range(0, flat.numel(), CHUNK):
+        """dest = x_i + gamma (s_i - x̂_i), chunk by chunk (``dest`` may be ``flat``), each
+        chunk's share of the kept payloads added to x̂_i and s_i just before."""
+        kept, self._kept = self._kept, []
+        mixed, public, gap = self._mixed, self._public, self._gap
+        pieces = [(add.target, *add.split(CHUNK), add.alpha) for add in kept]
+        for c, lo in enumerate(range(0, flat.numel(), CHUNK)):
             hi = min(lo + CHUNK, flat.numel())
             part = gap[:hi - lo]
+            if pieces:
+                # Stream the chunk of both copies into cache first (the prefetcher follows a
+                # sequential pass, not the scatter), then scatter into it.
+                torch.sub(mixed[lo:hi], public[lo:hi], out=part)
+                for target, indices, values, alpha in pieces:
+                    if indices[c].numel():
+                        target.index_add_(0, indices[c], values[c], alpha=alpha)
             torch.sub(mixed[lo:hi], public[lo:hi], out=part)
             torch.add(flat[lo:hi], part, alpha=gamma, out=dest[lo:hi])
         return dest
