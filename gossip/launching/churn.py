@@ -11,6 +11,7 @@ a kill is a death the run injected, not a failure.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -81,8 +82,55 @@ def joiners(events: Sequence[Event]) -> list[int]:
     return [e.rank for e in events if e.action == "join"]
 
 
-class Churn:
-    """The schedule's events, each done once its round is reached (``tick``).
+class Schedule:
+    """The schedule's events, each due once its round is reached (``due``) and then appended
+    to the membership record; what doing one means is the runner's (processes here, greenlets
+    in the simulator: gossip/sim/churn.py).
+
+    Args:
+        events: From ``parse``.
+        log_path: Where each event is appended as a JSON line (None: nowhere).
+        clock: The seconds each line records (since the start): wall time for processes,
+            virtual time in a simulation.
+    """
+
+    def __init__(self, events: Sequence[Event], log_path: Path | None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.pending = list(events)
+        self.log_path, self.clock = log_path, clock
+        self.began = clock()
+
+    def due(self, reached: int, progress: Callable[[int], float | None]) -> list[Event]:
+        """The events due now, in schedule order, each recorded and no longer pending.
+        ``reached``: the most rounds any peer recorded; ``progress(rank)``: the rounds that
+        rank recorded, None if it has not started, ``math.inf`` once it ended (an event on
+        an ended peer is due at once and has nothing left to do)."""
+        now = []
+        for event in list(self.pending):
+            if event.action == "join":
+                if reached < event.round:
+                    continue
+            else:
+                done = progress(event.rank)
+                if done is None or done < event.round:
+                    continue  # a joiner not started yet, or a round not reached
+            self.pending.remove(event)
+            self._note(event, reached)
+            now.append(event)
+        return now
+
+    def _note(self, event: Event, reached: int) -> None:
+        if self.log_path is None:
+            return
+        line = {"time": round(self.clock() - self.began, 3), "event": event.action,
+                "rank": event.rank, "round": event.round, "reached": reached}
+        with open(self.log_path, "a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+class Churn(Schedule):
+    """The schedule of `gossip launch`: a join starts a process, a leave sends SIGTERM, a
+    kill SIGKILL (``tick``).
 
     Args:
         events: From ``parse``.
@@ -92,10 +140,9 @@ class Churn:
 
     def __init__(self, events: Sequence[Event], start: Callable[[int], PeerProcess],
                  log_path: Path):
-        self.pending = list(events)
-        self.start, self.log_path = start, log_path
+        super().__init__(events, log_path)
+        self.start = start
         self.killed: set[int] = set()  # ranks the schedule killed: injected deaths
-        self.began = time.monotonic()
 
     def watching(self) -> dict:
         """``launch.watch``'s arguments for this schedule (none for an empty one)."""
@@ -105,26 +152,17 @@ class Churn:
         """Do every event due (a joiner's process is appended to ``procs``)."""
         running = {p.rank: p for p in procs}
         reached = max((rounds_done(p) for p in procs), default=0)
-        for event in list(self.pending):
-            if event.action == "join":
-                if reached < event.round:
-                    continue
-                procs.append(self.start(event.rank))
-            else:
-                p = running.get(event.rank)
-                if p is None:
-                    continue  # a joiner not started yet
-                if p.process.poll() is None and rounds_done(p) < event.round:
-                    continue
-                if p.process.poll() is None:
-                    send_signal(p, ACTIONS[event.action])
-                    if event.action == "kill":
-                        self.killed.add(event.rank)
-            self.pending.remove(event)
-            self._note(event, reached)
 
-    def _note(self, event: Event, reached: int) -> None:
-        line = {"time": round(time.monotonic() - self.began, 3), "event": event.action,
-                "rank": event.rank, "round": event.round, "reached": reached}
-        with open(self.log_path, "a") as out:
-            out.write(json.dumps(line) + "\n")
+        def progress(rank: int) -> float | None:
+            p = running.get(rank)
+            if p is None:
+                return None
+            return rounds_done(p) if p.process.poll() is None else math.inf
+
+        for event in self.due(reached, progress):
+            if event.action == "join":
+                procs.append(self.start(event.rank))
+            elif running[event.rank].process.poll() is None:
+                send_signal(running[event.rank], ACTIONS[event.action])
+                if event.action == "kill":
+                    self.killed.add(event.rank)
