@@ -208,8 +208,11 @@ class Epochs:
                       if m in self.view.members and (round is None or round > last))
 
     def leave(self, last: int) -> None:
-        """This member completed round ``last`` and leaves: tell every other member."""
-        for dst in self.view.members:
+        """This member completed round ``last`` and leaves: tell every other member, those
+        of a join's view not installed yet too (its joiner would wait in that view's first
+        round for this member)."""
+        scheduled = self.scheduled.members if self.scheduled is not None else ()
+        for dst in sorted({*self.view.members, *scheduled}):
             if dst != self.rank and dst not in self._gone():
                 self._send(dst, Message(LEAVE, max(last, 0), meta={"round": last}))
 
