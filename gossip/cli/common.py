@@ -117,7 +117,8 @@ def generated_topology(kind: str, peers: int | None, graph_options):
 
 
 CHURN_HELP = ("With --elastic: peers join, leave and are killed at rounds, e.g. "
-              "join@10,leave:3@20,kill:5@30; joiners run on spare ranks after --peers (a "
+              "join@10,leave:3@20,kill:5@30, or random:PCT%/N (PCT% of --peers change every N "
+              "rounds, drawn with --seed); joiners run on spare ranks after --peers (a "
               "--topology's last ones); membership.jsonl records it.")
 
 
@@ -136,12 +137,14 @@ def run_topology(churn: str | None, config, topology_path: str | None, peers: in
         if not config.elastic:
             raise ConfigError("--churn: only with --elastic (joins and leaves run on the "
                               "members' agreed views)")
-        joins = churns.joins_in(churn)  # parsed below, once the initial peers are known
-        if topology_path:
-            peers = Topology.from_yaml(topology_path).size - joins
+        if topology_path and churn.startswith(churns.RANDOM):
+            raise ConfigError("--churn random: only with --peers (a --topology's size would "
+                              "have to hold the joins it draws)")
+        if topology_path:  # its last ranks are the spares, one per join
+            peers = Topology.from_yaml(topology_path).size - churns.joins_in(churn)
         else:
             peers = (peers or generated_topology(graph, None, graph_options).size)
-        events = churns.parse(churn, peers)
+        events = churns.parse(churns.expand(churn, peers, config.rounds, config.seed), peers)
         config = dataclasses.replace(config, spares=len(churns.joiners(events)))
     if topology_path:
         return Topology.from_yaml(topology_path), config, events

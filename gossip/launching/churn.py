@@ -6,12 +6,17 @@ order) with ``--join`` once some peer recorded R rounds; ``leave:K@R`` sends ran
 (it leaves after its round under way) and ``kill:K@R`` SIGKILL, once K itself recorded R
 rounds. Each event is appended to ``membership.jsonl`` in the run directory as it happens;
 a kill is a death the run injected, not a failure.
+
+``random:PCT%/N`` draws such a schedule (``expand``): in every N rounds, PCT% of the initial
+peers change, half of them joins, the other half leaving and killed in turn, at rounds and
+of ranks drawn with the run's seed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -70,6 +75,50 @@ def parse(text: str, peers: int) -> list[Event]:
     if len(gone) >= ranks:
         raise ConfigError(f"--churn: every peer would leave or be killed ({text})")
     return sorted(events, key=lambda e: e.round)
+
+
+RANDOM = "random:"
+RANDOM_FORM = "random:PCT%/ROUNDS, e.g. random:10%/100"
+LAST = 3  # a drawn event comes at least this many rounds before the end (a join's margin)
+
+
+def expand(text: str, peers: int, rounds: int, seed: int) -> str:
+    """``text``, or the schedule ``random:PCT%/N`` draws for ``peers`` initial peers and
+    ``rounds`` rounds with ``seed`` (see the module docstring), as items ``parse`` reads.
+    A joiner may be drawn to leave or be killed from the next period on; at least two
+    peers stay.
+
+    Raises:
+        ConfigError: one line naming what is wrong with the form.
+    """
+    if not text.startswith(RANDOM):
+        return text
+    share, slash, period = text[len(RANDOM):].partition("/")
+    try:
+        fraction = float(share.removesuffix("%")) / 100
+    except ValueError:
+        fraction = -1.0
+    if not share.endswith("%") or not slash or not period.isdigit() or int(period) < 1 \
+            or not 0 < fraction <= 1:
+        raise ConfigError(f"--churn: {text!r} is not {RANDOM_FORM} (0 < PCT <= 100)")
+    period, changes = int(period), max(1, round(fraction * peers))
+    draw = random.Random(seed)
+    present, spare, items = list(range(peers)), peers, []
+    for start in range(0, rounds, period):
+        last = min(start + period, rounds - LAST)
+        if last <= start:
+            break
+        joined = list(range(spare, spare + changes // 2))
+        spare += len(joined)
+        items += [f"join@{draw.randint(start + 1, last)}" for _ in joined]
+        gone = draw.sample(present, min(changes - len(joined), len(present) - 2))
+        items += [f"{'leave' if i % 2 == 0 else 'kill'}:{rank}@{draw.randint(start + 1, last)}"
+                  for i, rank in enumerate(gone)]
+        present = [rank for rank in present if rank not in set(gone)] + joined
+    if not items:
+        raise ConfigError(f"--churn: {text!r} draws no event in {rounds} rounds (the last "
+                          f"{LAST} have none)")
+    return ",".join(items)
 
 
 def joins_in(text: str) -> int:
