@@ -108,7 +108,6 @@ CONFLICTS: dict[tuple[str, str], str] = {
     ("checkpoint", "simulate"): "checkpoints and rejoins are not simulated (set it to 0)",
     ("arbiter", "simulate"): ("not simulated: the simulator models compute in virtual time, "
                               "there is no device to share"),
-    ("elastic", "simulate"): "not simulated yet: run it with gossip launch",
     ("overlap", "elastic"): ("not with overlap yet: a bucket's round would be adopted or "
                              "redone apart from the others'"),
     ("checkpoint", "elastic"): ("not with checkpoints yet: a restarted peer's rejoin does not "

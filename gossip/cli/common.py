@@ -114,3 +114,39 @@ def generated_topology(kind: str, peers: int | None, graph_options):
         raise TopologyError(f"--graph {exc} (--graph-option KEY=VALUE sets its "
                             f"parameters)") from None
 
+
+
+CHURN_HELP = ("With --elastic: peers join, leave and are killed at rounds, e.g. "
+              "join@10,leave:3@20,kill:5@30, or random:PCT%/N (PCT% of --peers change every N "
+              "rounds, drawn with --seed); joiners run on spare ranks after --peers (a "
+              "--topology's last ones); membership.jsonl records it.")
+
+
+def run_topology(churn: str | None, config, topology_path: str | None, peers: int | None,
+                 graph: str, graph_options):
+    """The run's topology (``--topology``, else ``--graph`` of ``--peers``) with a spare
+    rank for each join of ``churn`` (`gossip launch` and `gossip simulate`); returns it,
+    ``config`` with its ``spares`` and the schedule's events (gossip.launching.churn)."""
+    import dataclasses
+
+    from gossip.launching import churn as churns
+    from gossip.topology import Topology
+
+    events = []
+    if churn:
+        if not config.elastic:
+            raise ConfigError("--churn: only with --elastic (joins and leaves run on the "
+                              "members' agreed views)")
+        if topology_path and churn.startswith(churns.RANDOM):
+            raise ConfigError("--churn random: only with --peers (a --topology's size would "
+                              "have to hold the joins it draws)")
+        if topology_path:  # its last ranks are the spares, one per join
+            peers = Topology.from_yaml(topology_path).size - churns.joins_in(churn)
+        else:
+            peers = (peers or generated_topology(graph, None, graph_options).size)
+        events = churns.parse(churns.expand(churn, peers, config.rounds, config.seed), peers)
+        config = dataclasses.replace(config, spares=len(churns.joiners(events)))
+    if topology_path:
+        return Topology.from_yaml(topology_path), config, events
+    return (generated_topology(graph, peers and peers + config.spares, graph_options), config,
+            events)

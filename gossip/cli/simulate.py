@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from gossip.cli.common import (DEFAULT_PEERS, GRAPH_OPTION, declared_option, fail_cleanly,
-                               generated_topology, main)
+from gossip.cli.common import (CHURN_HELP, DEFAULT_PEERS, GRAPH_OPTION, declared_option,
+                               fail_cleanly, main, run_topology)
 from gossip.cli.summary import run_summary
 from gossip.cli.flags import TOLERATE_HELP, rank_values, TrainingCommand, train_config
 from gossip.errors import ConfigError
@@ -70,11 +70,14 @@ def _rates(items) -> tuple[str | None, dict[int, str]]:
 @click.option("--sizes-only", is_flag=True,
               help="Replay the strategy's messages as sizes, without payloads or math (for "
                    "10^4 peers; writes sizes.json, no peer records).")
+@click.option("--churn", metavar="SCHEDULE",
+              help=CHURN_HELP + " A leave is the peer's own leave after that round, a kill "
+                                "as --kill's.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
 def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency, sharing,
              message_cost, byte_cost, compute_model, kills, tolerate_deaths, probe, sizes_only,
-             quiet, config_path, strategy_options, **flags):
+             churn, quiet, config_path, strategy_options, **flags):
     """Simulate a run: the peers' real code in virtual time on a modelled network.
 
     Writes the run directory `gossip launch` writes (so `gossip plot` reads it); times in
@@ -82,11 +85,10 @@ def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency
     """
     from gossip.matrix import check_run
     from gossip.sim import NetworkModel, Simulation, parse_compute, simulate_run
-    from gossip.topology import Topology
 
     config = train_config(config_path, strategy_options, **flags)
-    topology = (Topology.from_yaml(topology_path) if topology_path
-                else generated_topology(graph, peers, graph_options))
+    topology, config, events = run_topology(churn, config, topology_path, peers, graph,
+                                            graph_options)
     config.delays.check_ranks(topology.size)
     check_run(config, topology, simulate=True, arbiter=bool(flags.get("arbiter")))
     rate, per_rank = _rates(rates)
@@ -107,7 +109,7 @@ def simulate(topology_path, peers, graph, graph_options, run_dir, rates, latency
         click.echo(f"run directory: {run_dir}")
         return
     result = simulate_run(config, topology, run_dir, simulation,
-                          progress=None if quiet else config.strategy)
+                          progress=None if quiet else config.strategy, churn=events)
     from gossip.launching.processes import check_deaths
 
     deaths = result.deaths(asynchronous=config.asynchronous)

@@ -57,6 +57,7 @@ def run_summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
     else:  # a rank only serves, or the strategy has no round all peers could probe in
         lines[-1] += ("; consensus not measured (a rank only serves, or an asynchronous "
                       "strategy)")
+    lines += churn_summary(run_dir)
     lines += [death.describe() for death in deaths]
     # Every survivor's record of the peers it lost, and the round it noticed each in.
     noticed: dict[str, list[int]] = {}
@@ -67,3 +68,24 @@ def run_summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
         lines.append(f"peer {rank} lost: noticed by {len(rounds)} of {len(last)} survivors "
                      f"in rounds {min(rounds)}-{max(rounds)}")
     return "\n".join(lines)
+
+
+def churn_summary(run_dir: Path) -> list[str]:
+    """A churn run's joins, leaves and kills (membership.jsonl): one line, or none."""
+    from gossip.metrics import read_jsonl
+
+    path = run_dir / "membership.jsonl"
+    if not path.exists():
+        return []
+    done: dict[str, list[dict]] = {"join": [], "leave": [], "kill": []}
+    for line in read_jsonl(path):
+        done.setdefault(line["event"], []).append(line)
+    parts = []
+    for action, lines in done.items():
+        if not lines:
+            continue
+        rounds = [e["round"] for e in lines]
+        named = (", ".join(f"peer {e['rank']} at round {e['round']}" for e in lines)
+                 if len(lines) <= 4 else f"rounds {min(rounds)}-{max(rounds)}")
+        parts.append(f"{len(lines)} {action}{'s' if len(lines) > 1 else ''} ({named})")
+    return [f"churn: {', '.join(parts)}"] if parts else []

@@ -4,7 +4,6 @@ gossip/cli/flags.py's."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import os
 import signal
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from gossip.cli.common import DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, generated_topology, main
+from gossip.cli.common import (CHURN_HELP, DEFAULT_PEERS, GRAPH_OPTION, fail_cleanly, main,
+                               run_topology)
 from gossip.cli.flags import TOLERATE_HELP, TrainingCommand, train_config
 from gossip.cluster.rate import DEFAULT_RATE
 from gossip.errors import ConfigError, GossipError
@@ -164,9 +164,7 @@ def _device(shared, rank: int, node, timeout: float):
 @click.option("--tolerate-deaths", type=click.IntRange(min=0), default=0, show_default=True,
               metavar="N", help=TOLERATE_HELP)
 @click.option("--churn", metavar="SCHEDULE",
-              help="With --elastic: peers join, leave (SIGTERM) and are killed (SIGKILL) at "
-                   "rounds, e.g. join@10,leave:3@20,kill:5@30; joiners run on spare ranks "
-                   "after --peers (a --topology's last ones); membership.jsonl records it.")
+              help=CHURN_HELP + " A leave is a SIGTERM, a kill a SIGKILL.")
 @fail_cleanly
 def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key_dir,
            checkpoint_dir, resume, tolerate_deaths, churn, config_path, strategy_options,
@@ -177,32 +175,17 @@ def launch(topology_path, peers, graph, graph_options, run_dir, netns, rate, key
     """
     from gossip.cli.summary import run_summary
     from gossip.crossover.connect import device_config
-    from gossip.launching import churn as churns
     from gossip.launching.plan import launch_run
     from gossip.launching.processes import LaunchFailed, check_deaths
     from gossip.matrix import check_run
     from gossip.ports import free_ports
-    from gossip.topology import Topology
 
     config = train_config(config_path, strategy_options, **flags)
     shared = device_config(config_path, arbiter=flags["arbiter"], device=flags["device"],
                            job=flags["job"])
-    events = []
-    if churn:
-        if not config.elastic:
-            raise ConfigError("--churn: only with --elastic (joins and leaves run on the "
-                              "members' agreed views)")
-        joins = churns.joins_in(churn)  # parsed below, once the initial peers are known
-        if topology_path:
-            peers = Topology.from_yaml(topology_path).size - joins
-        else:
-            peers = (peers or generated_topology(graph, None, graph_options).size)
-        events = churns.parse(churn, peers)
-        config = dataclasses.replace(config, spares=len(churns.joiners(events)))
-    if topology_path:
-        topology = Topology.from_yaml(topology_path)
-    else:
-        topology = generated_topology(graph, peers and peers + config.spares, graph_options)
+    topology, config, events = run_topology(churn, config, topology_path, peers, graph,
+                                            graph_options)
+    if not topology_path:
         topology = topology.relocated(ports=free_ports(topology.size))
     if key_dir:
         topology = topology.with_keys(key_dir)

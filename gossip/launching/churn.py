@@ -6,11 +6,17 @@ order) with ``--join`` once some peer recorded R rounds; ``leave:K@R`` sends ran
 (it leaves after its round under way) and ``kill:K@R`` SIGKILL, once K itself recorded R
 rounds. Each event is appended to ``membership.jsonl`` in the run directory as it happens;
 a kill is a death the run injected, not a failure.
+
+``random:PCT%/N`` draws such a schedule (``expand``): in every N rounds, PCT% of the initial
+peers change, half of them joins, the other half leaving and killed in turn, at rounds and
+of ranks drawn with the run's seed.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import random
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -71,6 +77,50 @@ def parse(text: str, peers: int) -> list[Event]:
     return sorted(events, key=lambda e: e.round)
 
 
+RANDOM = "random:"
+RANDOM_FORM = "random:PCT%/ROUNDS, e.g. random:10%/100"
+LAST = 3  # a drawn event comes at least this many rounds before the end (a join's margin)
+
+
+def expand(text: str, peers: int, rounds: int, seed: int) -> str:
+    """``text``, or the schedule ``random:PCT%/N`` draws for ``peers`` initial peers and
+    ``rounds`` rounds with ``seed`` (see the module docstring), as items ``parse`` reads.
+    A joiner may be drawn to leave or be killed from the next period on; at least two
+    peers stay.
+
+    Raises:
+        ConfigError: one line naming what is wrong with the form.
+    """
+    if not text.startswith(RANDOM):
+        return text
+    share, slash, period = text[len(RANDOM):].partition("/")
+    try:
+        fraction = float(share.removesuffix("%")) / 100
+    except ValueError:
+        fraction = -1.0
+    if not share.endswith("%") or not slash or not period.isdigit() or int(period) < 1 \
+            or not 0 < fraction <= 1:
+        raise ConfigError(f"--churn: {text!r} is not {RANDOM_FORM} (0 < PCT <= 100)")
+    period, changes = int(period), max(1, round(fraction * peers))
+    draw = random.Random(seed)
+    present, spare, items = list(range(peers)), peers, []
+    for start in range(0, rounds, period):
+        last = min(start + period, rounds - LAST)
+        if last <= start:
+            break
+        joined = list(range(spare, spare + changes // 2))
+        spare += len(joined)
+        items += [f"join@{draw.randint(start + 1, last)}" for _ in joined]
+        gone = draw.sample(present, min(changes - len(joined), len(present) - 2))
+        items += [f"{'leave' if i % 2 == 0 else 'kill'}:{rank}@{draw.randint(start + 1, last)}"
+                  for i, rank in enumerate(gone)]
+        present = [rank for rank in present if rank not in set(gone)] + joined
+    if not items:
+        raise ConfigError(f"--churn: {text!r} draws no event in {rounds} rounds (the last "
+                          f"{LAST} have none)")
+    return ",".join(items)
+
+
 def joins_in(text: str) -> int:
     """How many joins ``text`` schedules (before it can be parsed: they size the topology)."""
     return sum(part.strip().startswith("join") for part in text.split(","))
@@ -81,8 +131,55 @@ def joiners(events: Sequence[Event]) -> list[int]:
     return [e.rank for e in events if e.action == "join"]
 
 
-class Churn:
-    """The schedule's events, each done once its round is reached (``tick``).
+class Schedule:
+    """The schedule's events, each due once its round is reached (``due``) and then appended
+    to the membership record; what doing one means is the runner's (processes here, greenlets
+    in the simulator: gossip/sim/churn.py).
+
+    Args:
+        events: From ``parse``.
+        log_path: Where each event is appended as a JSON line (None: nowhere).
+        clock: The seconds each line records (since the start): wall time for processes,
+            virtual time in a simulation.
+    """
+
+    def __init__(self, events: Sequence[Event], log_path: Path | None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.pending = list(events)
+        self.log_path, self.clock = log_path, clock
+        self.began = clock()
+
+    def due(self, reached: int, progress: Callable[[int], float | None]) -> list[Event]:
+        """The events due now, in schedule order, each recorded and no longer pending.
+        ``reached``: the most rounds any peer recorded; ``progress(rank)``: the rounds that
+        rank recorded, None if it has not started, ``math.inf`` once it ended (an event on
+        an ended peer is due at once and has nothing left to do)."""
+        now = []
+        for event in list(self.pending):
+            if event.action == "join":
+                if reached < event.round:
+                    continue
+            else:
+                done = progress(event.rank)
+                if done is None or done < event.round:
+                    continue  # a joiner not started yet, or a round not reached
+            self.pending.remove(event)
+            self._note(event, reached)
+            now.append(event)
+        return now
+
+    def _note(self, event: Event, reached: int) -> None:
+        if self.log_path is None:
+            return
+        line = {"time": round(self.clock() - self.began, 3), "event": event.action,
+                "rank": event.rank, "round": event.round, "reached": reached}
+        with open(self.log_path, "a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+class Churn(Schedule):
+    """The schedule of `gossip launch`: a join starts a process, a leave sends SIGTERM, a
+    kill SIGKILL (``tick``).
 
     Args:
         events: From ``parse``.
@@ -92,10 +189,9 @@ class Churn:
 
     def __init__(self, events: Sequence[Event], start: Callable[[int], PeerProcess],
                  log_path: Path):
-        self.pending = list(events)
-        self.start, self.log_path = start, log_path
+        super().__init__(events, log_path)
+        self.start = start
         self.killed: set[int] = set()  # ranks the schedule killed: injected deaths
-        self.began = time.monotonic()
 
     def watching(self) -> dict:
         """``launch.watch``'s arguments for this schedule (none for an empty one)."""
@@ -105,26 +201,17 @@ class Churn:
         """Do every event due (a joiner's process is appended to ``procs``)."""
         running = {p.rank: p for p in procs}
         reached = max((rounds_done(p) for p in procs), default=0)
-        for event in list(self.pending):
-            if event.action == "join":
-                if reached < event.round:
-                    continue
-                procs.append(self.start(event.rank))
-            else:
-                p = running.get(event.rank)
-                if p is None:
-                    continue  # a joiner not started yet
-                if p.process.poll() is None and rounds_done(p) < event.round:
-                    continue
-                if p.process.poll() is None:
-                    send_signal(p, ACTIONS[event.action])
-                    if event.action == "kill":
-                        self.killed.add(event.rank)
-            self.pending.remove(event)
-            self._note(event, reached)
 
-    def _note(self, event: Event, reached: int) -> None:
-        line = {"time": round(time.monotonic() - self.began, 3), "event": event.action,
-                "rank": event.rank, "round": event.round, "reached": reached}
-        with open(self.log_path, "a") as out:
-            out.write(json.dumps(line) + "\n")
+        def progress(rank: int) -> float | None:
+            p = running.get(rank)
+            if p is None:
+                return None
+            return rounds_done(p) if p.process.poll() is None else math.inf
+
+        for event in self.due(reached, progress):
+            if event.action == "join":
+                procs.append(self.start(event.rank))
+            elif running[event.rank].process.poll() is None:
+                send_signal(running[event.rank], ACTIONS[event.action])
+                if event.action == "kill":
+                    self.killed.add(event.rank)

@@ -4,11 +4,12 @@ directory `gossip launch` writes (topology.yaml, config.yaml, peer-RANK.jsonl)."
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import resource
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ from tqdm import tqdm
 
 from gossip.config import TrainConfig
 from gossip.errors import ConfigError
+from gossip.launching.churn import Event, joiners
 from gossip.launching.processes import Death, progress
 from gossip.matrix import check_run
 from gossip.metrics import MetricsWriter
 from gossip.peer import Peer
+from gossip.sim.churn import SimChurn
 from gossip.sim.clock import ModelledCompute, parse_compute
 from gossip.sim.network import NetworkModel
 from gossip.sim.probe import Meetings, OracleProbe
@@ -151,7 +154,8 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
                  simulation: Simulation = Simulation(), *,
                  extra_config: Mapping[str, Any] | None = None, progress: str | None = None,
                  write: bool = True,
-                 on_round: Callable[[int, dict], None] | None = None) -> SimResult:
+                 on_round: Callable[[int, dict], None] | None = None,
+                 churn: Sequence[Event] = ()) -> SimResult:
     """Simulate ``config`` on every rank of ``topology``; returns when every peer ended.
 
     Args:
@@ -159,6 +163,8 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
         progress: Label of a progress bar (rounds, virtual and wall time); None: none.
         write: Write the run directory (off: only return the records).
         on_round: Called as ``(rank, record)`` after each peer's round.
+        churn: A churn schedule of an elastic run (gossip/sim/churn.py): its joiners' ranks
+            start only at their rounds; membership.jsonl records its events.
     """
     size = topology.size
     config.delays.check_ranks(size)
@@ -179,6 +185,7 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
         records[rank].append(line)
         if on_round is not None:
             on_round(rank, line)
+        schedule.recorded(rank, line["round"])
         bar.update()
         bar.set_postfix_str(f"virtual {world.scheduler.now:.2f} s, wall "
                             f"{time.perf_counter() - started:.0f} s", refresh=False)
@@ -187,9 +194,18 @@ def simulate_run(config: TrainConfig, topology, run_dir: str | Path,
                 if simulation.probe == "oracle" else None)
     board = Board(world, topology, config.attack.by_rank) if config.attack.rushing else None
     stats: dict[int, dict] = {}
-    for rank in range(size):
+    peers: dict[int, Peer] = {}  # each running peer, for a leave of the schedule
+
+    def start(rank: int, *, join: bool = False) -> None:
         world.spawn(rank, _peer_main(world, rank, topology, config, recorded, meetings, stats,
-                                     board))
+                                     board, peers, join=join))
+
+    schedule = SimChurn(churn, world, functools.partial(start, join=True), peers,
+                        run_dir / "membership.jsonl" if write and churn else None)
+    later = joiners(churn)
+    for rank in range(size):
+        if rank not in later:
+            start(rank)
     for rank, when in sorted(simulation.kills.items()):
         world.kill_at(rank, when)
     with bar:
@@ -226,9 +242,12 @@ def peer_threads() -> int:
 def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
                recorded: Callable[[int, dict], None],
                meetings: Meetings | None, stats: dict[int, dict],
-               board: Board | None = None) -> Callable[[], dict]:
+               board: Board | None, peers: dict[int, Peer], *,
+               join: bool = False) -> Callable[[], dict]:
     """What `gossip peer` runs (cli/train.py), on a simulated transport; with ``board``,
-    rushing attackers read every honest model of the round from it (sim/rushing.py)."""
+    rushing attackers read every honest model of the round from it (sim/rushing.py). The
+    ``Peer`` is kept in ``peers`` while it runs; ``join``: it joins the running members on
+    a spare rank of an elastic run first (`gossip peer --join`)."""
     def run() -> dict:
         transport = world.transport(rank, timeout=config.timeout, dead_after=config.dead_after)
         spec = config.spec.copy()  # this peer's own compressor state, as in its own process
@@ -240,13 +259,18 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
             return {}
         with Peer(rank, topology, spec, transport=transport,
                   send_delay=config.delays.for_rank(rank, seed=config.seed).send_delay,
-                  attack=attack) as node:
+                  attack=attack, elastic=config.elastic, min_peers=config.min_peers,
+                  spares=config.spares) as node:
+            peers[rank] = node
             trainer = Trainer(node, config, on_round=lambda line: recorded(rank, line))
             trainer.delays = world.compute.delays(trainer.delays)
             if meetings is not None:
                 trainer.consensus = OracleProbe(meetings, node, trainer.task)
+            if join:
+                trainer.enter()
             last = runner(trainer).run()  # an asynchronous strategy's budgets too
             stats[rank] = node.stats  # before the goodbyes
+            del peers[rank]
         return {} if last is None else last.as_dict()
     return run
 

@@ -191,6 +191,9 @@ def simulate_sizes(config: TrainConfig, topology, simulation,
                           "lognormal:MEDIAN:SIGMA")
     if simulation.kills:
         raise ConfigError("--sizes-only: --kill is not simulated without the peers' code")
+    if config.elastic:  # so neither is --churn, which needs --elastic
+        raise ConfigError("--sizes-only: --elastic is not simulated without the peers' code "
+                          "(agreements, a joiner's state and its hash need values)")
     size = topology.size
     simulation.check(size)
     config.delays.check_ranks(size)

@@ -157,8 +157,9 @@ class SimTransport(Transport):
         ended = self.world.ended_at
         if not ended:
             return ()
-        return ((rank, ended[rank] + self.dead_after) for rank in self.linked
-                if rank in ended and rank not in self.departed and rank not in self._judged)
+        # over the ended, not the linked: after a death's news every peer is linked to all
+        return ((rank, when + self.dead_after) for rank, when in ended.items()
+                if rank in self.linked and rank not in self.departed and rank not in self._judged)
 
     def _next_judgement(self) -> float:
         return min((when for _, when in self._suspects()), default=float("inf"))

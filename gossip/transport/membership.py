@@ -156,8 +156,8 @@ class Membership:
         """The lost peers an all-peer exchange needs: all of them, or the view's members."""
         if self.epochs is None:
             return sorted(self.lost)
-        members = self.epochs.view.members
-        return [rank for rank in sorted(self.lost) if rank in members]
+        members = self.epochs.view.ids
+        return sorted(rank for rank in self.lost if rank in members)
 
     # -- losses -----------------------------------------------------------------------------
     def firsthand(self) -> set[int]:

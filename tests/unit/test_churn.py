@@ -61,3 +61,32 @@ def test_a_churn_runs_curve_counts_each_rounds_peers(tmp_path):
     curve = load_curve(tmp_path)
     assert curve.peers.tolist() == [2, 2, 3, 2, 2] and curve.rounds.tolist() == list(range(5))
     assert curve.time.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_a_random_schedule_draws_its_share_every_period_with_the_seed():
+    from collections import Counter
+
+    from gossip.launching.churn import expand
+
+    text = expand("random:10%/100", 1000, 300, 7)
+    events = parse(text, 1000)
+    assert text == expand("random:10%/100", 1000, 300, 7) != expand("random:10%/100", 1000,
+                                                                    300, 8)
+    assert Counter(e.action for e in events) == {"join": 150, "leave": 75, "kill": 75}
+    for start in (0, 100, 200):  # 50 joins and 50 departures in every 100 rounds
+        assert sum(start < e.round <= start + 100 for e in events) == 100
+    assert max(e.round for e in events) <= 297  # a join is admitted before the end
+    joined = {e.rank: e.round for e in events if e.action == "join"}
+    for e in events:  # a joiner leaves only in a later period than its join's
+        if e.action != "join" and e.rank in joined:
+            assert (e.round - 1) // 100 > (joined[e.rank] - 1) // 100
+    assert expand("join@3", 4, 10, 0) == "join@3"
+
+
+@pytest.mark.parametrize("text", ["random:10/100", "random:10%", "random:0%/10",
+                                  "random:x%/10", "random:10%/0"])
+def test_bad_random_schedules_are_refused_in_one_line(text):
+    from gossip.launching.churn import expand
+
+    with pytest.raises(ConfigError, match=r"^--churn: .* is not random:PCT%/ROUNDS"):
+        expand(text, 10, 100, 0)
