@@ -72,7 +72,8 @@ def test_simulate_churn_refusals_are_launchs_one_lines(tmp_path):
             (["--churn", "join@3"], "--churn: only with --elastic"),
             (["--churn", "kill:9@3", "--elastic", "--strategy", "ring-allreduce"],
              "--churn: kill:9@3: no rank 9"),
-            (["--churn", "join@3", "--elastic", "--strategy", "dpsgd"], "survives_death"),
+            (["--churn", "join@3", "--elastic", "--strategy", "dpsgd", "--option",
+              "staleness=2"], "survives_death"),
             (["--churn", "join@3", "--elastic", "--strategy", "ring-allreduce",
               "--sizes-only"], "--sizes-only: --elastic is not simulated")]:
         out = runner.invoke(main, ["simulate", "--peers", "3", "--quiet", "--run-dir",
