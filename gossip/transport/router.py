@@ -1,0 +1,137 @@
+"""A peer's outbox: one ROUTER socket every other peer's receiving socket connects to, and
+a queue of our own for peers not connected yet.
+
+Each peer binds its endpoint as a ROUTER and connects one DEALER to every other peer's
+(zmq.py): the DEALER is its receiving socket for that peer, so a flood from one peer fills
+only that peer's socket (drain.py). A DEALER's routing id is its rank, and it says hello as
+soon as it is connected (libzmq queues the hello until then). A ROUTER cannot queue for a
+peer it has no connection to (with ``ROUTER_MANDATORY`` it says EHOSTUNREACH rather than
+dropping the message), and peers start in any order: messages for a peer not connected yet
+wait here, in order, and go as soon as it is (its hello, or any later try finds it). They
+go only while this peer's transport runs (a send, a receive, closing with a linger), so the
+first send to a peer that never said hello waits up to FIRST_HELLO_S for it: a peer that
+opened its transport just before has connected by then.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections import deque
+from collections.abc import Callable
+
+import zmq
+
+from gossip.errors import PeerTimeout
+
+# How long the first send to a peer waits for its hello before queueing (once per peer).
+FIRST_HELLO_S = 0.5
+
+
+def routing_id(rank: int) -> bytes:
+    """The routing id of ``rank``'s receiving sockets."""
+    return str(rank).encode("ascii")
+
+
+class RouterOutbox:
+    """Sends through a ROUTER socket, queueing per destination until it is connected.
+
+    Args:
+        socket: The bound ROUTER (``ROUTER_MANDATORY``; ``SNDTIMEO``: how long a send waits
+            for room in a connected peer's queue).
+        max_queued: Messages a destination may have waiting here (the socket's high-water
+            mark: the same bound as once it is connected).
+        describe: How to name a rank in an error.
+        now: The transport's clock (seconds, monotonic).
+    """
+
+    def __init__(self, socket: zmq.Socket, *, max_queued: int,
+                 describe: Callable[[int], str], now: Callable[[], float]):
+        self.socket = socket
+        self.max_queued = max_queued
+        self._describe = describe
+        self._now = now
+        self._queued: dict[int, deque] = {}  # destination -> messages (lists of parts)
+        self._greeted: set[int] = set()  # peers whose hello came (or that we waited for)
+
+    def send(self, dst: int, parts: list, *, wait: Callable[[float], None],
+             timeout: float) -> None:
+        """Send ``parts`` to ``dst`` or queue them behind what waits for it already.
+        ``wait(seconds)`` reads incoming messages (a hello may make room) while a full queue
+        waits; after ``timeout`` seconds it raises PeerTimeout."""
+        queue = self._queued.get(dst)
+        if queue is not None:
+            self.flush(dst)
+            queue = self._queued.get(dst)
+        if queue is None:
+            if self._send_now(dst, parts, timeout):
+                return
+            if dst not in self._greeted:
+                self._greeted.add(dst)
+                deadline = self._now() + FIRST_HELLO_S
+                while self._now() < deadline:
+                    wait(0.01)
+                    if self._send_now(dst, parts, timeout):
+                        return
+            queue = self._queued.setdefault(dst, deque())
+        if len(queue) >= self.max_queued:
+            self._wait_for_room(dst, wait, timeout)
+            queue = self._queued.setdefault(dst, deque())
+        queue.append(parts)
+
+    def _send_now(self, dst: int, parts: list, timeout: float) -> bool:
+        """Send ``parts`` to ``dst`` if it is connected (waiting at most ``timeout`` for room
+        in its queue); False if it is not."""
+        try:
+            self.socket.send_multipart([routing_id(dst), *parts], copy=False)
+            return True
+        except zmq.Again:  # connected, and its queue stayed full for SNDTIMEO
+            raise PeerTimeout(f"sending to {self._describe(dst)} timed out after "
+                              f"{timeout:g} s (is it running?)") from None
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EHOSTUNREACH:
+                raise
+            return False
+
+    def greeted(self, dst: int) -> None:
+        """``dst``'s hello came: send what waits for it."""
+        self._greeted.add(dst)
+        self.flush(dst)
+
+    def _wait_for_room(self, dst: int, wait: Callable[[float], None], timeout: float) -> None:
+        deadline = self._now() + timeout
+        while len(self._queued.get(dst, ())) >= self.max_queued:
+            if self._now() >= deadline:
+                raise PeerTimeout(f"sending to {self._describe(dst)} timed out after "
+                                  f"{timeout:g} s: {self.max_queued} messages wait for it to "
+                                  f"connect (is it running?)")
+            wait(0.05)
+            self.flush(dst)
+
+    def flush(self, dst: int | None = None) -> None:
+        """Send what waits for ``dst`` (every destination if None), in order, as far as the
+        socket takes it now."""
+        for rank in [dst] if dst is not None else list(self._queued):
+            queue = self._queued.get(rank)
+            while queue:
+                try:
+                    self.socket.send_multipart([routing_id(rank), *queue[0]], copy=False,
+                                               flags=zmq.NOBLOCK)
+                except zmq.ZMQError:  # not connected (EHOSTUNREACH), or full (EAGAIN)
+                    break
+                queue.popleft()
+            if queue is not None and not queue:
+                del self._queued[rank]
+
+    def waiting(self) -> bool:
+        """Whether any message waits for its destination to connect."""
+        return bool(self._queued)
+
+    def drop(self, dst: int) -> None:
+        """Forget what waits for ``dst`` (it restarted: meant for its old process)."""
+        self._queued.pop(dst, None)
+
+    def close(self, linger: float) -> None:
+        """Close the socket, giving what it holds at most ``linger`` seconds (what still
+        waits here for a peer that never connected is dropped)."""
+        self._queued.clear()
+        self.socket.close(linger=int(linger * 1000))
