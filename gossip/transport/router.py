@@ -3,8 +3,12 @@ a queue of our own for peers not connected yet.
 
 Each peer binds its endpoint as a ROUTER and connects one DEALER to every other peer's
 (zmq.py): the DEALER is its receiving socket for that peer, so a flood from one peer fills
-only that peer's socket (drain.py). A DEALER's routing id is its rank, and it says hello as
-soon as it is connected (libzmq queues the hello until then). A ROUTER cannot queue for a
+only that peer's socket (drain.py). A DEALER's routing id is its rank and a random part, and it
+says hello as soon as it is connected (libzmq queues the hello until then): the outbox sends
+to a rank by the routing id of its latest valid hello only. With CURVE keys that hello came
+over a connection whose key is that rank's (auth.py), so another member cannot take a
+rank's messages over by connecting with its routing id (it cannot know it), even though a
+restarted peer's socket takes its old one's place at once (``ROUTER_HANDOVER``). A ROUTER cannot queue for a
 peer it has no connection to (with ``ROUTER_MANDATORY`` it says EHOSTUNREACH rather than
 dropping the message), and peers start in any order: messages for a peer not connected yet
 wait here, in order, and go as soon as it is (its hello, or any later try finds it). They
@@ -16,6 +20,7 @@ opened its transport just before has connected by then.
 from __future__ import annotations
 
 import errno
+import os
 from collections import deque
 from collections.abc import Callable
 
@@ -28,8 +33,9 @@ FIRST_HELLO_S = 0.5
 
 
 def routing_id(rank: int) -> bytes:
-    """The routing id of ``rank``'s receiving sockets."""
-    return str(rank).encode("ascii")
+    """A fresh routing id for a receiving socket of ``rank``: its rank, for the logs, and
+    12 random bytes (never a leading zero byte, which libzmq keeps for ids it makes up)."""
+    return b"%d-" % rank + os.urandom(12)
 
 
 class RouterOutbox:
@@ -52,6 +58,7 @@ class RouterOutbox:
         self._now = now
         self._queued: dict[int, deque] = {}  # destination -> messages (lists of parts)
         self._greeted: set[int] = set()  # peers whose hello came (or that we waited for)
+        self._routes: dict[int, bytes] = {}  # rank -> routing id of its latest hello
 
     def send(self, dst: int, parts: list, *, wait: Callable[[float], None],
              timeout: float) -> None:
@@ -81,8 +88,11 @@ class RouterOutbox:
     def _send_now(self, dst: int, parts: list, timeout: float) -> bool:
         """Send ``parts`` to ``dst`` if it is connected (waiting at most ``timeout`` for room
         in its queue); False if it is not."""
+        route = self._routes.get(dst)
+        if route is None:
+            return False
         try:
-            self.socket.send_multipart([routing_id(dst), *parts], copy=False)
+            self.socket.send_multipart([route, *parts], copy=False)
             return True
         except zmq.Again:  # connected, and its queue stayed full for SNDTIMEO
             raise PeerTimeout(f"sending to {self._describe(dst)} timed out after "
@@ -92,9 +102,10 @@ class RouterOutbox:
                 raise
             return False
 
-    def greeted(self, dst: int) -> None:
-        """``dst``'s hello came: send what waits for it."""
+    def greeted(self, dst: int, route: bytes) -> None:
+        """``dst``'s hello came with routing id ``route``: send what waits for it there."""
         self._greeted.add(dst)
+        self._routes[dst] = route
         self.flush(dst)
 
     def _wait_for_room(self, dst: int, wait: Callable[[float], None], timeout: float) -> None:
@@ -111,10 +122,10 @@ class RouterOutbox:
         """Send what waits for ``dst`` (every destination if None), in order, as far as the
         socket takes it now."""
         for rank in [dst] if dst is not None else list(self._queued):
-            queue = self._queued.get(rank)
-            while queue:
+            queue, route = self._queued.get(rank), self._routes.get(rank)
+            while queue and route is not None:
                 try:
-                    self.socket.send_multipart([routing_id(rank), *queue[0]], copy=False,
+                    self.socket.send_multipart([route, *queue[0]], copy=False,
                                                flags=zmq.NOBLOCK)
                 except zmq.ZMQError:  # not connected (EHOSTUNREACH), or full (EAGAIN)
                     break

@@ -9,6 +9,7 @@ import zmq
 
 from gossip.keys import CurveKeys
 from gossip.transport.auth import DOMAIN
+from gossip.transport.router import routing_id
 
 log = logging.getLogger("gossip.transport")
 
@@ -69,12 +70,12 @@ def outbox_socket(context: zmq.Context, *, max_frame: int, timeout: float,
 def inbound_socket(context: zmq.Context, rank: int, src: int, *, max_frame: int,
                    timeout: float, keys: CurveKeys | None, ipv6: bool = False) -> zmq.Socket:
     """``rank``'s receiving socket for the messages of ``src``, not yet connected to its
-    outbox: a DEALER whose routing id is ``rank``; with ``keys`` a CURVE client that only
+    outbox: a DEALER whose routing id is ``rank``'s and fresh (router.py); with ``keys`` a CURVE client that only
     talks to ``src``'s key; ``ipv6`` to connect to an IPv6 address."""
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.IPV6, int(ipv6))
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.ROUTING_ID, str(rank).encode("ascii"))
+    sock.setsockopt(zmq.ROUTING_ID, routing_id(rank))
     sock.setsockopt(zmq.RCVHWM, HWM)
     sock.setsockopt(zmq.SNDHWM, HWM)
     sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))

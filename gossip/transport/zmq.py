@@ -31,7 +31,7 @@ from gossip.transport.endpoints import Endpoints, bind_address, is_ipv6
 from gossip.transport.malloc_tuning import keep_freed_buffers
 from gossip.transport.message import Message
 from gossip.transport.monitor import ConnectionWatch, LinkWatch
-from gossip.transport.router import RouterOutbox, routing_id
+from gossip.transport.router import RouterOutbox
 from gossip.transport.shm_segments import is_envelope
 from gossip.transport.sockets import (CURVE_FRAME_OVERHEAD, HWM, Tracker, inbound_socket,
                                       outbox_socket)
@@ -366,9 +366,10 @@ class ZmqTransport(Transport):
             msg = codec.decode(frames[1:], kinds=_HELLO_KINDS,
                                max_message_bytes=self.max_message_bytes, peers=self.size,
                                sender=user)
-            if bytes(frames[0]) != routing_id(msg.src):
+            route = bytes(frames[0])
+            if not route.startswith(b"%d-" % msg.src):
                 raise ProtocolError(f"hello from peer {msg.src} with the routing id "
-                                    f"{bytes(frames[0])[:40]!r}, not {routing_id(msg.src)!r}")
+                                    f"{route[:40]!r}, not one of peer {msg.src}'s")
             endpoint = msg.meta.get("endpoint")
             if not isinstance(endpoint, str) or not endpoint.startswith("tcp://") \
                     or len(endpoint) > 300:
@@ -381,7 +382,7 @@ class ZmqTransport(Transport):
         self._watch.heard(frames[1].get(zmq.SRCFD), msg.src, goodbye=False)
         if endpoint != self.endpoints[msg.src] and self._inbound is not None:
             self.repoint(msg.src, endpoint)
-        self._outbox.greeted(msg.src)
+        self._outbox.greeted(msg.src, route)
 
     def _watch_connections(self) -> bool:
         """Read the connection monitors; True if a peer was just declared dead."""

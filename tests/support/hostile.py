@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import errno
 import time
 
+import msgpack
 import zmq
 
 from gossip.transport.endpoints import local_ipc
@@ -40,27 +42,43 @@ class Neighbour:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.bind(endpoint)
+        self.endpoint = endpoint
         twin = local_ipc(endpoint)
         if twin:
             self.sock.bind(twin)
-        self.hellos: set[bytes] = set()  # routing ids of the peers connected
+        self.routes: dict[int, bytes] = {}  # rank -> routing id of its latest hello
+
+    def _read_hello(self) -> None:
+        route, header = self.sock.recv_multipart()[:2]
+        self.routes[msgpack.unpackb(header)["src"]] = route
 
     def wait_hello(self, rank: int, timeout: float = 10.0) -> None:
         """Until ``rank``'s receiving socket has said hello here."""
-        rid = str(rank).encode()
         deadline = time.monotonic() + timeout
-        while rid not in self.hellos:
+        while rank not in self.routes:
             left = deadline - time.monotonic()
             assert left > 0, f"rank {rank} never connected to the neighbour"
             if self.sock.poll(int(left * 1000)):
-                self.hellos.add(self.sock.recv_multipart()[0])
+                self._read_hello()
 
-    def send(self, rank: int, frames: list) -> None:
-        """Send ``frames`` to ``rank`` as one message (once it has connected)."""
-        self.wait_hello(rank)
-        self.sock.send_multipart([str(rank).encode(), *frames])
+    def send(self, rank: int, frames: list, timeout: float = 10.0) -> None:
+        """Send ``frames`` to ``rank`` as one message (once it has connected, or connected
+        again: a peer's socket reconnects after a frame over its size limit)."""
+        self.wait_hello(rank, timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock.send_multipart([self.routes[rank], *frames])
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != errno.EHOSTUNREACH or time.monotonic() > deadline:
+                    raise
+            if self.sock.poll(10):
+                self._read_hello()
 
     def close(self) -> None:
+        if self.sock.closed:
+            return
         self.sock.close(linger=1000)
         if self._own:
             self.ctx.term()

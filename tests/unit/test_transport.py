@@ -526,10 +526,11 @@ def test_closing_transport_spares_the_ipc_file_of_its_successor():
     old = ZmqTransport(0, endpoints, timeout=5.0).open()
     ctx = zmq.Context()
     stuck = ctx.socket(zmq.DEALER)  # rank 1's receiving socket, never read: what is sent to
-    stuck.setsockopt(zmq.ROUTING_ID, b"1")  # it stays in the old one's outbox
+    stuck.setsockopt(zmq.ROUTING_ID, b"1-stuck")  # it stays in the old one's outbox
     stuck.setsockopt(zmq.RCVHWM, 1)
     stuck.setsockopt(zmq.RCVBUF, 4096)
     stuck.connect(local_ipc(endpoints[0]))
+    stuck.send(codec.encode(Message("hello", -1, meta={"endpoint": endpoints[1]}), 1)[0])
     for _ in range(8):
         old.send(1, Message("gossip", 0, buffers=(torch.zeros(1 << 21),)))
     # The successor must open within the old one's linger (flush): seconds, for a loaded machine.
