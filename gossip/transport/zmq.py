@@ -179,7 +179,7 @@ class ZmqTransport(Transport):
             self._links.rewatch(src, sock)
         else:
             self._links.watch(src, sock)
-        sock.connect((self.use_ipc and self.endpoints.twin(src)) or endpoint)
+        sock.connect(self._address(src))
         header, _ = codec.encode(Message(kind=HELLO, round=-1, meta={
             "endpoint": self.endpoints[self.rank]}), self.rank)
         sock.send(header, zmq.NOBLOCK)
@@ -188,7 +188,17 @@ class ZmqTransport(Transport):
 
     def locate(self, endpoints: Sequence[str], local: set[int]) -> None:
         """Where the other ranks listen and which share this machine (a rendezvous)."""
+        before = {src: self._address(src) for src in self._inbound or ()}
         self.endpoints.locate(endpoints, local)
+        for src, where in before.items():  # connected early to where they were not yet
+            if self._address(src) != where:
+                self._links.forget(src)
+                self._disconnect(src)
+                self._connect_to(src)
+
+    def _address(self, src: int) -> str:
+        """Where our receiving socket for ``src`` connects."""
+        return (self.use_ipc and self.endpoints.twin(src)) or self.endpoints[src]
 
     def repoint(self, rank: int, endpoint: str, *, local: bool = False) -> None:
         """``rank`` came back at ``endpoint`` (a restarted peer's rejoin): connect there
