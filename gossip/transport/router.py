@@ -137,10 +137,6 @@ class RouterOutbox:
         """Whether any message waits for its destination to connect."""
         return bool(self._queued)
 
-    def drop(self, dst: int) -> None:
-        """Forget what waits for ``dst`` (it restarted: meant for its old process)."""
-        self._queued.pop(dst, None)
-
     def close(self, linger: float) -> None:
         """Close the socket, giving what it holds at most ``linger`` seconds (what still
         waits here for a peer that never connected is dropped)."""

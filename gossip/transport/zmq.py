@@ -187,9 +187,11 @@ class ZmqTransport(Transport):
         self._listen(sock, src)
 
     def locate(self, endpoints: Sequence[str], local: set[int]) -> None:
-        """Where the other ranks listen and which share this machine (a rendezvous)."""
+        """Where the other ranks listen and which share this machine (a rendezvous);
+        connects to them now."""
         before = {src: self._address(src) for src in self._inbound or ()}
         self.endpoints.locate(endpoints, local)
+        self._connected()
         for src, where in before.items():  # connected early to where they were not yet
             if self._address(src) != where:
                 self._links.forget(src)
@@ -202,11 +204,11 @@ class ZmqTransport(Transport):
 
     def repoint(self, rank: int, endpoint: str, *, local: bool = False) -> None:
         """``rank`` came back at ``endpoint`` (a restarted peer's rejoin): connect there
-        from now on; what was queued for its old process died with it."""
+        from now on (what waits in the outbox for it goes to its new process, whose hello
+        made the way)."""
         if self.endpoints.move(rank, endpoint, local=local) and self._inbound is not None:
             self._links.forget(rank)
             self._disconnect(rank)
-            self._outbox.drop(rank)
             self._connect_to(rank)
 
     def _disconnect(self, src: int) -> None:
@@ -390,7 +392,10 @@ class ZmqTransport(Transport):
             self.reject(f"{exc} ({size} bytes)", nbytes=size)
             return
         self._watch.heard(frames[1].get(zmq.SRCFD), msg.src, goodbye=False)
-        if endpoint != self.endpoints[msg.src] and self._inbound is not None:
+        # Moved, as a restarted peer may (our socket to its old address is down then); a
+        # peer reached already may name its address otherwise (a host name, an IP).
+        if endpoint != self.endpoints[msg.src] and self._inbound is not None \
+                and not self._links.up(msg.src):
             self.repoint(msg.src, endpoint)
         self._outbox.greeted(msg.src, route)
 
