@@ -11,7 +11,7 @@ rank's messages over by connecting with its routing id (it cannot know it), even
 restarted peer's socket takes its old one's place at once (``ROUTER_HANDOVER``). A ROUTER cannot queue for a
 peer it has no connection to (with ``ROUTER_MANDATORY`` it says EHOSTUNREACH rather than
 dropping the message), and peers start in any order: messages for a peer not connected yet
-wait here, in order, and go as soon as it is (its hello, or any later try finds it). They
+wait here, in order, and go as soon as it says hello. They
 go only while this peer's transport runs (a send, a receive, closing with a linger), so the
 first send to a peer that never said hello waits up to FIRST_HELLO_S for it: a peer that
 opened its transport just before has connected by then.

@@ -326,7 +326,7 @@ class ZmqTransport(Transport):
                     continue
                 # The sockets are empty: the connection watches need attention only now.
                 self._watch_due = now + WATCH_EVERY_S
-                self._outbox.flush()  # a peer that reconnected without a hello (restarted)
+                self._outbox.flush()  # what a full queue held back
                 if self._watch_connections():  # wake the caller: what it waits for may
                     return None                # never come now
             if not self._turn(max(min(deadline, self._watch_due) - now, 0.0)) \
