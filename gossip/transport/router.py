@@ -20,6 +20,7 @@ opened its transport just before has connected by then.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections import deque
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from collections.abc import Callable
 import zmq
 
 from gossip.errors import PeerTimeout
+
+log = logging.getLogger("gossip.transport")
 
 # How long the first send to a peer waits for its hello before queueing (once per peer).
 FIRST_HELLO_S = 0.5
@@ -139,6 +142,9 @@ class RouterOutbox:
 
     def close(self, linger: float) -> None:
         """Close the socket, giving what it holds at most ``linger`` seconds (what still
-        waits here for a peer that never connected is dropped)."""
+        waits here for a peer that never connected is dropped, and logged)."""
+        for dst, queue in self._queued.items():
+            log.info("%d message(s) for %s dropped at close: it never connected to this "
+                     "peer's outbox", len(queue), self._describe(dst))
         self._queued.clear()
         self.socket.close(linger=int(linger * 1000))
