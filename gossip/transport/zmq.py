@@ -435,7 +435,9 @@ class ZmqTransport(Transport):
         if self._outbox.waiting():  # a send waiting for its delivery reaches here
             self._outbox.flush()
         self._links.read_all()
-        dead = self._links.judge(self.departed, among=self.linked)
+        # Peers we work with: sent to, connected to, or heard from (our socket for a sender
+        # is our link to it: we notice its death ourselves, not only from another's word).
+        dead = self._links.judge(self.departed, among=self.linked | self.contacts)
         for rank, reason in dead:
             self.membership.declare_dead(rank, reason)
         return bool(dead)
