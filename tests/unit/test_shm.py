@@ -11,12 +11,14 @@ import gc
 import logging
 import os
 import tempfile
+from contextlib import suppress
 
 import numpy as np
 import pytest
 import torch
 import zmq
 
+from gossip.errors import PeerTimeout
 from gossip.keys import CurveKeys
 from gossip.ports import free_ports
 from gossip.transport import Message, ZmqTransport, codec, shm_segments
@@ -274,7 +276,13 @@ def test_a_restarted_receiver_gets_a_fresh_segment(transports, monkeypatch):
     t1.close()
     with ZmqTransport(1, endpoints, timeout=5.0).open() as successor:
         successor.send(0, Message("ctl.join", 0, meta={"round": 0}))
-        read_until(t0, lambda: "ctl.join" in t0.stats.by_kind, "rank 0 to read the join")
+
+        def joined() -> bool:  # the join waits for rank 0's socket to say hello: both read
+            with suppress(PeerTimeout):
+                successor.recv(kind="gossip", round=-5, timeout=0.02)
+            return "ctl.join" in t0.stats.by_kind
+
+        read_until(t0, joined, "rank 0 to read the join")
         assert not t0.shares_memory_with(1)
         handshake(t0, successor)
         for i in range(8):
