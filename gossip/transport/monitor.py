@@ -1,8 +1,9 @@
-"""Socket monitors: refused input on the receiving socket, and links to peers that stay down.
+"""Socket monitors: refused input on the outbox, and links to peers that stay down.
 
-``ConnectionWatch`` (the PULL socket) turns connection events into rejections with a reason;
-``LinkWatch`` (our PUSH sockets, one per peer) tells which peer has become unreachable, the
-evidence a peer is declared dead on (docs/ARCHITECTURE.md, Dead peers).
+``ConnectionWatch`` (the outbox, the socket this peer binds) turns connection events into
+rejections with a reason; ``LinkWatch`` (our receiving sockets, one connected to each peer's
+outbox) tells which peer has become unreachable, the evidence a peer is declared dead on
+(docs/ARCHITECTURE.md, Dead peers).
 
 libzmq refuses some input before any message exists, and tells only its socket monitor:
 
@@ -16,8 +17,9 @@ libzmq refuses some input before any message exists, and tells only its socket m
   connection, and closes the connection. Its only trace is ``DISCONNECTED``, the very event a
   peer going away causes (measured; no protocol error is reported, with or without CURVE).
 
-Our peers always say goodbye before closing, on the connection they close. So a connection
-that closes without a goodbye is counted as a rejection. ``DISCONNECTED`` itself does not say
+Our peers' receiving sockets say hello on the connection they open to us, and the peers say
+goodbye (over our connection to them) before closing. So a connection that closes while its
+peer is one we talk to and did not say goodbye is counted as a rejection. ``DISCONNECTED`` itself does not say
 why, and a peer that exits or crashes causes it far more often than a 2 GiB frame: the
 judgement asks our own link to the peer last heard on that connection. A process that ended
 took both directions down (its kernel closed every socket at once); a sender whose frame was
@@ -127,13 +129,15 @@ class ConnectionWatch:
             self._logged[reason] = now
         self._reject(reason, quiet=quiet)
 
-    def judge(self, link_up: Callable[[int], bool | None] = lambda rank: None) -> None:
-        """Count the disconnects without a goodbye that are due; call only when the watched
-        socket's queue is empty (the transport looks again every WATCH_EVERY_S).
+    def judge(self, link_up: Callable[[int], bool | None] = lambda rank: None,
+              expected: Callable[[int], bool] = lambda rank: True) -> None:
+        """Count the disconnects without a goodbye that are due; call only when the
+        sockets' queues are empty (the transport looks again every WATCH_EVERY_S).
 
         ``link_up(rank)``: whether our own link to ``rank`` is up (None: we have none, or it
         never came up), read after this socket's events: it tells a peer that ended from a
-        live sender whose frame libzmq dropped."""
+        live sender whose frame libzmq dropped. ``expected(rank)``: whether ``rank`` closing
+        its connection is news (it is a contact that has not said goodbye)."""
         now = self._now()
         while self._closed:
             when, fd, endpoint = self._closed[0]
@@ -145,6 +149,8 @@ class ConnectionWatch:
                 self._goodbyes[fd] -= 1
                 if not self._goodbyes[fd]:
                     del self._goodbyes[fd]
+                continue
+            if src is not None and not expected(src):
                 continue
             closed = f"connection {fd} on {endpoint}"
             oversized = (f"a frame over the socket's {self._max_frame_bytes}-byte limit "
@@ -173,7 +179,8 @@ class ConnectionWatch:
 
 
 class LinkWatch:
-    """Our own connections to other peers (one PUSH socket each): which peer is unreachable.
+    """Our own connections to other peers (one receiving socket each): which peer is
+    unreachable.
 
     A link is *up* once its ZMTP handshake succeeded (with CURVE: once the peer proved its
     key), *down* from its ``DISCONNECTED`` on, until a reconnect completes a handshake again.
@@ -198,6 +205,9 @@ class LinkWatch:
         self._watched_since: dict[int, float] = {}
         self._down_since: dict[int, float] = {}
         self._judged: set[int] = set()  # declared dead: never again
+        self._broken: set[int] = set()  # went down since last up: a reconnect is news
+        self._came_back: list[int] = []  # ranks whose link broke and came back up
+        self._went_down: list[int] = []  # ranks whose link broke since ``went_down()``
 
     def watch(self, rank: int, socket: zmq.Socket) -> zmq.Socket:
         """Watch our link to ``rank``; returns its monitor socket (``read`` drains it)."""
@@ -212,7 +222,7 @@ class LinkWatch:
         if monitor is not None:
             self._watched.pop(rank).disable_monitor()
             monitor.close(linger=0)
-        for state in (self._ever_up, self._judged):
+        for state in (self._ever_up, self._judged, self._broken):
             state.discard(rank)
         self._watched_since.pop(rank, None)
         self._down_since.pop(rank, None)
@@ -228,12 +238,43 @@ class LinkWatch:
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._ever_up.add(rank)
                 self._down_since.pop(rank, None)
-            elif rank in self._ever_up:  # DISCONNECTED; reconnects retried by libzmq
+                if rank in self._broken:
+                    self._broken.discard(rank)
+                    self._came_back.append(rank)
+            elif rank in self._ever_up:  # DISCONNECTED
                 self._down_since.setdefault(rank, self._now())
+                self._broken.add(rank)
+                self._went_down.append(rank)
 
     def read_all(self) -> None:
         for rank in list(self.sockets):
             self.read(rank)
+
+    def went_down(self) -> list[int]:
+        """Peers whose link broke since the last call. libzmq reconnects after a broken
+        connection, but not after a protocol error (a frame over ZMQ_MAXMSGSIZE): the
+        transport connects a fresh socket itself (``rewatch``)."""
+        down, self._went_down = self._went_down, []
+        return down
+
+    def rewatch(self, rank: int, socket: zmq.Socket) -> None:
+        """Watch ``socket`` as our link to ``rank`` from now on, in place of the one that
+        broke (read first); what is known of the link stays."""
+        old = self.sockets.pop(rank)
+        try:
+            self._watched.pop(rank).disable_monitor()
+        except zmq.ZMQError:  # closed already
+            pass
+        old.close(linger=0)
+        self.sockets[rank] = socket.get_monitor_socket(self.EVENTS)
+        self._watched[rank] = socket
+
+    def came_back(self) -> list[int]:
+        """Peers whose link broke and came back up since the last call, oldest first: the
+        peer's process ran on (or restarted at once). libzmq closes a connection that
+        delivered a frame over ZMQ_MAXMSGSIZE, dropping what followed it, then reconnects."""
+        back, self._came_back = self._came_back, []
+        return back
 
     def up(self, rank: int) -> bool | None:
         """Whether our link to ``rank`` is up now (events read first): its process answers
@@ -251,10 +292,13 @@ class LinkWatch:
         return {rank for rank, since in self._watched_since.items()
                 if rank not in self._ever_up and now - since >= self.dead_after}
 
-    def judge(self, departed: set[int]) -> list[tuple[int, str]]:
-        """Peers now dead, each with its reason."""
+    def judge(self, departed: set[int], among: set[int] | None = None) -> list[tuple[int, str]]:
+        """Peers now dead, each with its reason; only those ``among`` if given (the peers
+        this one works with: the others' links are watched but not judged)."""
         now, dead = self._now(), []
         for rank, since in list(self._down_since.items()):
+            if among is not None and rank not in among:
+                continue
             if rank in departed:  # it said goodbye: closing was the plan
                 del self._down_since[rank]
                 continue

@@ -1,6 +1,7 @@
 """Hostile and broken input against a live peer that keeps training.
 
-Two peers run D-PSGD rounds in threads over real ZeroMQ while a raw PUSH socket sends rank 0
+Two peers run D-PSGD rounds in threads over real ZeroMQ while a neighbour (a raw outbox at a
+third endpoint both connect to, support/hostile.py) sends rank 0
 at least 10,000 malformed messages (500 in the fast lane): hypothesis-generated headers
 and frames, then seeded mutations of a valid message (truncated, bit flips, wrong version,
 unknown kind, huge shapes, dtypes not allowed, frame/shape mismatch, extra or missing frames,
@@ -29,7 +30,8 @@ from hypothesis import strategies as st
 from gossip.errors import PeerTimeout, ProtocolError
 from gossip.peer import Peer
 from gossip.transport import ZmqTransport, codec
-from support import (Reasons, peer_once_all_bound, read_until, wait_connected,
+from gossip.ports import free_ports
+from support import (Neighbour, Reasons, peer_once_all_bound, read_until, wait_connected,
                      wait_until)
 
 
@@ -55,6 +57,7 @@ class LiveCluster:
         self.transports = [None, None]
         self._options = transport_options
         self._bound = threading.Barrier(3, timeout=10)
+        self.neighbour = Neighbour(f"tcp://127.0.0.1:{free_ports(1)[0]}")
         self._threads = [threading.Thread(target=self._main, args=(rank,), daemon=True,
                                           name=f"peer-{rank}") for rank in (0, 1)]
 
@@ -65,7 +68,7 @@ class LiveCluster:
 
     def _main(self, rank: int) -> None:
         try:
-            endpoints = [self.topology.address(r) for r in range(2)]
+            endpoints = [self.topology.address(r) for r in range(2)] + [self.neighbour.endpoint]
             transport = ZmqTransport(rank, endpoints, timeout=20.0, **self._options).open()
             self.transports[rank] = transport
             with Peer(rank, self.topology, "dpsgd", timeout=20.0, transport=transport) as peer:
@@ -106,6 +109,7 @@ def cluster(local_topology):
     yield live
     if live.limit == math.inf:  # the test failed midway: stop the peers
         live.limit = 0
+    live.neighbour.close()
 
 
 class Fuzzer:
@@ -113,11 +117,6 @@ class Fuzzer:
 
     def __init__(self, cluster: LiveCluster, reasons: Reasons):
         self.cluster, self.reasons = cluster, reasons
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PUSH)
-        self.sock.linger = 0
-        self.sock.sndhwm = 100_000
-        self.sock.connect(cluster.topology.address(0))
         self.target = cluster.transports[0]
         self.sent = 0
         self.skipped = 0  # well-formed by chance, so not hostile
@@ -128,7 +127,7 @@ class Fuzzer:
         try:
             # Writable copies, as a socket delivers them (and torch wants them).
             codec.decode([bytearray(f) for f in frames], kinds=self.target.kinds | {"bye"},
-                         peers=2, finite=True,
+                         peers=3, finite=True,
                          max_message_bytes=MAX_MESSAGE_BYTES)
         except Exception:  # noqa: BLE001 - any failure is a rejection
             return True
@@ -140,7 +139,7 @@ class Fuzzer:
             return False
         if reason is not None:
             self.expected.append((self.sent, reason))
-        self.sock.send_multipart(frames)
+        self.cluster.neighbour.send(0, frames)
         self.sent += 1
         return True
 
@@ -159,7 +158,7 @@ class Fuzzer:
         self.expected.clear()
 
     def close(self) -> None:
-        self.ctx.destroy(linger=0)
+        self.cluster.neighbour.close()
 
 
 # -- hypothesis: arbitrary headers and frames ---------------------------------------------------
@@ -383,23 +382,14 @@ def mutate(fuzz: Fuzzer, rng: random.Random, count: int, batch: int = 500) -> No
 
 
 def oversize(cluster: LiveCluster, reasons: Reasons, fuzz: Fuzzer, count: int = 3) -> None:
-    """Frames over the socket's limit: libzmq drops them with the connection, so each comes
-    on a connection of its own (one that does not reconnect)."""
-    ctx = zmq.Context()
-    try:
-        for i in range(count):
-            sock = ctx.socket(zmq.PUSH)
-            sock.linger = 0
-            sock.reconnect_ivl = -1
-            sock.connect(cluster.topology.address(0))
-            header, _ = valid(random.Random(i))
-            sock.send_multipart(pack(header, [b"\0" * (MAX_MESSAGE_BYTES + 1)]))
-            fuzz.sent += 1
-            fuzz.expected.append((fuzz.sent - 1, "ZMQ_MAXMSGSIZE"))
-            fuzz.settle()
-            sock.close()
-    finally:
-        ctx.destroy(linger=0)
+    """Frames over the socket's limit: libzmq drops each with its connection (the peer
+    connects a fresh socket, which the neighbour waits for before the next)."""
+    for i in range(count):
+        header, _ = valid(random.Random(i))
+        cluster.neighbour.send(0, pack(header, [b"\0" * (MAX_MESSAGE_BYTES + 1)]))
+        fuzz.sent += 1
+        fuzz.expected.append((fuzz.sent - 1, "ZMQ_MAXMSGSIZE"))
+        fuzz.settle()
 
 
 # -- NaN/Inf policy --------------------------------------------------------------------------
@@ -414,7 +404,7 @@ def test_nan_from_a_neighbour_never_reaches_the_model(local_topology, run_peers)
     results = torch.empty(rounds, 2, N)
     rejected = [0, 0]
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
+    sock = ctx.socket(zmq.DEALER)  # what a stranger can reach: rank 0's outbox
     sock.linger = 0
     sock.connect(topology.address(0))
     for round in range(rounds):  # queued before rank 0 exists, so they come first

@@ -11,13 +11,12 @@ import time
 import msgpack
 import pytest
 import torch
-import zmq
 
 from gossip.errors import GossipError, PeerTimeout
 from gossip.ports import free_ports
 from gossip.transport import Message, ZmqTransport
 from gossip.transport.waits import PROBE
-from support import run_in_threads
+from support import Neighbour, run_in_threads
 
 TIMEOUT = 0.3  # each wait below lasts several of these
 
@@ -104,20 +103,21 @@ def test_a_wait_with_its_own_timeout_and_a_peer_never_linked_still_time_out():
 
 def test_a_malformed_probe_is_rejected_and_the_wait_goes_on():
     """Anyone may send bytes: a probe with a bogus path is logged and dropped; a rejection
-    in a wait ends its patience (the message waited for may be the one rejected)."""
-    peers = transports(2)
-    ctx = zmq.Context()
+    in a wait ends its patience (the message waited for may be the one rejected). A
+    neighbour (a raw outbox at rank 2's endpoint) sends it, claiming to be rank 1."""
+    endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(3)]
+    neighbour = Neighbour(endpoints[2])
+    peers = [ZmqTransport(rank, endpoints, timeout=TIMEOUT).open() for rank in range(2)]
     try:
-        push = ctx.socket(zmq.PUSH)
-        push.connect(peers[0].endpoints[0])
-        push.send_multipart([msgpack.packb({"v": 1, "kind": PROBE, "round": -1, "src": 1,
-                                            "meta": {"initiator": 0, "wait": 1, "heard": 0,
-                                                     "path": ["x"]}, "tensors": []})])
+        peers[0].connect([1])
+        neighbour.send(0, [msgpack.packb({"v": 1, "kind": PROBE, "round": -1, "src": 1,
+                                          "meta": {"initiator": 0, "wait": 1, "heard": 0,
+                                                   "path": ["x"]}, "tensors": []})])
         with pytest.raises(PeerTimeout, match="1 message.* rejected"):
             peers[0].recv(src=1, kind="gossip", round=0)
         assert "malformed wait.probe" in peers[0].stats.rejections[0]
     finally:
-        ctx.destroy(linger=0)
+        neighbour.close()
         for t in peers:
             t.close()
 

@@ -15,6 +15,7 @@ import zmq
 from gossip.peer import Peer
 from gossip.transport import Message, codec
 from gossip.transport.endpoints import local_ipc
+from support import Neighbour
 
 SIZES = [1, 2, 3, 4, 5, 7, 8]
 
@@ -111,19 +112,19 @@ def test_result_may_be_overwritten_once_synchronize_returns(local_topology, run_
     def emulated_rank1() -> list[torch.Tensor]:
         ctx = zmq.Context()
         try:
-            pull = ctx.socket(zmq.PULL)
+            outbox = Neighbour(topology.address(1), ctx)  # what rank 1 sends goes out here
+            pull = ctx.socket(zmq.DEALER)  # rank 1's receiving socket for rank 0
             pull.setsockopt(zmq.LINGER, 0)
             pull.setsockopt(zmq.RCVHWM, 1)
-            pull.bind(topology.address(1))
-            pull.bind(local_ipc(topology.address(1)))
-            push = ctx.socket(zmq.PUSH)
-            push.setsockopt(zmq.LINGER, 1000)
-            push.connect(local_ipc(topology.address(0)))
+            pull.setsockopt(zmq.ROUTING_ID, b"1-emulated")
+            pull.connect(local_ipc(topology.address(0)))
+            pull.send(codec.encode(Message("hello", -1, meta={
+                "endpoint": topology.address(1)}), src=1)[0])
 
             def send(kind: str, step: int, j: int, tensor: torch.Tensor) -> None:
                 msg = Message(kind, 0, meta={"n": n, "s": step, "j": j}, buffers=(tensor,))
                 header, frames = codec.encode(msg, src=1)
-                push.send_multipart([header] + [f.numpy() for f in frames])
+                outbox.send(0, [header] + [f.numpy() for f in frames])
 
             def recv(kind: str) -> Message:
                 assert pull.poll(10_000), f"no {kind} from rank 0"
@@ -143,7 +144,7 @@ def test_result_may_be_overwritten_once_synchronize_returns(local_topology, run_
             overwritten.wait(0.5)
             received = [recv("ring.ag").buffers[0].clone() for _ in pieces]
             header, _ = codec.encode(Message("bye", -1), src=1)
-            push.send(header)
+            outbox.send(0, [header])
             return received
         finally:
             ctx.destroy(linger=1000)

@@ -50,7 +50,10 @@ def impostor(topology, rank: int, *, keyed: bool) -> ZmqTransport:
     """A transport posing as ``rank`` from another port: plaintext, or with a fresh keypair
     the topology does not list."""
     endpoints = [topology.address(r) for r in range(topology.size)]
-    endpoints[rank] = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    # Its own port, and none of the other honest peers' (its sockets would knock at every
+    # outbox): the attack is on rank 0.
+    for other in range(1, topology.size):
+        endpoints[other] = f"tcp://127.0.0.1:{free_ports(1)[0]}"
     forged = None
     if keyed:
         public, secret = (k.decode() for k in zmq.curve_keypair())
@@ -70,8 +73,9 @@ def attack(topology, queued: threading.Event, stop: threading.Event) -> None:
     wrong_server = zmq.curve_keypair()[0]
     for server_key, client in [(topology.peers[0].public_key.encode(), honest_keys),
                                (wrong_server, honest_keys)]:
-        sock = ctx.socket(zmq.PUSH)
+        sock = ctx.socket(zmq.DEALER)  # what can write into rank 0's outbox
         sock.linger = 0
+        sock.setsockopt(zmq.ROUTING_ID, b"1")  # posing as rank 1's receiving socket
         sock.curve_serverkey = server_key
         sock.curve_publickey = client.public.encode()
         sock.curve_secretkey = client.secret.encode()
@@ -79,8 +83,11 @@ def attack(topology, queued: threading.Event, stop: threading.Event) -> None:
         sockets.append(sock)
     fakes = [impostor(topology, 1, keyed=False), impostor(topology, 1, keyed=True)]
     try:
+        for sock in sockets:  # rank 2's real key claiming rank 1; a wrong server key
+            sock.send(codec.encode(Message("hello", -1, meta={
+                "endpoint": topology.address(1)}), 1)[0])
         for round in range(ROUNDS):
-            for sock in sockets:  # rank 2's real key claiming rank 1; a wrong server key
+            for sock in sockets:  # an outbox takes hellos only
                 sock.send_multipart(poisoned(round))
             for fake in fakes:  # queued until a handshake succeeds, which never happens;
                 # once libzmq refused the handshake it may drop the queue and fail the send
@@ -151,7 +158,7 @@ def test_ipc_twin_is_keyed_too(keyed_ring):
         assert target._ipc_path is not None
         ctx = zmq.Context()
         try:
-            sock = ctx.socket(zmq.PUSH)
+            sock = ctx.socket(zmq.DEALER)
             sock.linger = 0
             sock.connect(f"ipc://{target._ipc_path}")
             sock.send_multipart(poisoned(0))

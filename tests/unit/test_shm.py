@@ -11,16 +11,18 @@ import gc
 import logging
 import os
 import tempfile
+from contextlib import suppress
 
 import numpy as np
 import pytest
 import torch
 import zmq
 
+from gossip.errors import PeerTimeout
 from gossip.keys import CurveKeys
 from gossip.ports import free_ports
 from gossip.transport import Message, ZmqTransport, codec, shm_segments
-from support import read_until
+from support import Neighbour, read_until
 
 KiB = 1024
 BIG = codec.ZERO_COPY_MIN_BYTES  # the smallest frame that goes through shared memory
@@ -274,7 +276,13 @@ def test_a_restarted_receiver_gets_a_fresh_segment(transports, monkeypatch):
     t1.close()
     with ZmqTransport(1, endpoints, timeout=5.0).open() as successor:
         successor.send(0, Message("ctl.join", 0, meta={"round": 0}))
-        read_until(t0, lambda: "ctl.join" in t0.stats.by_kind, "rank 0 to read the join")
+
+        def joined() -> bool:  # the join waits for rank 0's socket to say hello: both read
+            with suppress(PeerTimeout):
+                successor.recv(kind="gossip", round=-5, timeout=0.02)
+            return "ctl.join" in t0.stats.by_kind
+
+        read_until(t0, joined, "rank 0 to read the join")
         assert not t0.shares_memory_with(1)
         handshake(t0, successor)
         for i in range(8):
@@ -339,22 +347,22 @@ def test_the_environment_turns_shared_memory_off(monkeypatch):
     assert not ZmqTransport(0, ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]).shared_memory
 
 
-def test_a_broken_envelope_is_rejected_and_the_peer_goes_on(transports, reasons):
-    t0, _ = transports(2)
+def test_a_broken_envelope_is_rejected_and_the_peer_goes_on(reasons):
+    endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(2)]
+    neighbour = Neighbour(endpoints[1])  # a raw outbox as rank 1: what it sends, rank 0 reads
+    t0 = ZmqTransport(0, endpoints, timeout=5.0).open()
     box = shm_segments.Outbox(1 << 20)
-    ctx = zmq.Context()
     try:
-        push = ctx.socket(zmq.PUSH)
-        push.connect(t0.endpoints[0])
         frames = envelope_frames(box, [torch.ones(BIG)])
-        push.send_multipart([entry(frames[0], nbytes=1 << 30)] + frames[1:])
-        push.send_multipart(frames)  # never offered, but mappable: a restarted receiver
-        push.send_multipart([shm_segments.MAGIC])
+        neighbour.send(0, [entry(frames[0], nbytes=1 << 30)] + frames[1:])
+        neighbour.send(0, frames)  # never offered, but mappable: a restarted receiver
+        neighbour.send(0, [shm_segments.MAGIC])
         msg = t0.recv(kind="gossip")
         assert torch.equal(msg.buffers[0], torch.ones(BIG))
         read_until(t0, lambda: t0.stats.messages_rejected >= 2, "the last envelope's rejection")
         assert t0.stats.messages_rejected == 2
         assert reasons.seen("outside the sender's segment") and reasons.seen("truncated")
     finally:
-        ctx.destroy(linger=0)
+        t0.close()
+        neighbour.close()
         box.close()

@@ -24,7 +24,7 @@ from gossip.ports import free_ports
 from gossip.transport import LoopbackHub, Message, ZmqTransport, codec, monitor
 from gossip.transport.stats import REJECTED
 from gossip.transport.endpoints import local_ipc
-from support import read_until, wait_until
+from support import Neighbour, read_until, wait_until
 
 # Tests that send through Transport.send also run with TCP between the ZeroMQ peers;
 # receive-only tests inject raw frames, which go over TCP anyway.
@@ -43,11 +43,13 @@ class Network:
         self.kind = kind
         self.transports: list = []
         self._ctx = zmq.Context()
-        self._raw: dict[int, zmq.Socket] = {}
+        self._neighbour: Neighbour | None = None
 
     def open(self, size: int, timeout: float = 5.0, **kwargs) -> list:
         if self.kind.startswith("zmq"):
-            self.endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(size)]
+            # One rank more, held by a raw outbox: what ``inject`` sends comes from there.
+            self.endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(size + 1)]
+            self._neighbour = Neighbour(self.endpoints[size], self._ctx)
             kwargs.setdefault("local_ipc", self.kind == "zmq")
             self.transports = [ZmqTransport(rank, self.endpoints, timeout=timeout, **kwargs)
                                .open() for rank in range(size)]
@@ -62,16 +64,13 @@ class Network:
         if self.kind == "loopback":
             self.hub.queues[dst].put([bytearray(f) for f in frames])
             return
-        if dst not in self._raw:
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.connect(self.endpoints[dst])
-            self._raw[dst] = sock
-        self._raw[dst].send_multipart(frames)
+        self._neighbour.send(dst, frames)
 
     def close(self) -> None:
         for transport in self.transports:
             transport.close()
+        if self._neighbour is not None:
+            self._neighbour.sock.close(linger=0)
         self._ctx.destroy(linger=0)
 
 
@@ -265,7 +264,7 @@ MALFORMED = {
     # Regression: an unhashable dtype used to raise TypeError out of recv().
     "list as dtype": ([header(tensors=[{"dtype": ["float32"], "shape": [2]}]), b"\0" * 8],
                       "dtype ['float32'] not allowed"),
-    "src not a peer": ([header(src=2), b"\0" * 8], "src 2 is not a peer (ranks 0..1)"),
+    "src not a peer": ([header(src=7), b"\0" * 8], "src 7 is not a peer (ranks 0.."),
     "NaN": ([header(), torch.tensor([1.0, float("nan")]).numpy().tobytes()],
             "gossip round 0 from peer 1: tensor 0 (float32) holds NaN or Inf"),
     "-Inf": ([header(tensors=[{"dtype": "float16", "shape": [2]}]),
@@ -352,7 +351,7 @@ def test_oversized_frame_names_the_peer_last_heard_on_that_connection():
         assert t0.recv().round == 1
         t1.send(0, Message("gossip", 2, buffers=(torch.zeros(300),)))
         read_until(t0, lambda: t0.stats.messages_rejected, "the oversized message's rejection")
-        assert "last heard from peer 1" in t0.stats.rejections[0]
+        assert "connection to peer 1" in t0.stats.rejections[0]  # its own socket here
     finally:
         net.close()
 
@@ -525,7 +524,15 @@ def test_closing_transport_spares_the_ipc_file_of_its_successor():
     endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(2)]
     path = Path(local_ipc(endpoints[0]).removeprefix("ipc://"))
     old = ZmqTransport(0, endpoints, timeout=5.0).open()
-    old.send(1, tensor_msg())  # rank 1 never starts: this and the goodbye stay queued
+    ctx = zmq.Context()
+    stuck = ctx.socket(zmq.DEALER)  # rank 1's receiving socket, never read: what is sent to
+    stuck.setsockopt(zmq.ROUTING_ID, b"1-stuck")  # it stays in the old one's outbox
+    stuck.setsockopt(zmq.RCVHWM, 1)
+    stuck.setsockopt(zmq.RCVBUF, 4096)
+    stuck.connect(local_ipc(endpoints[0]))
+    stuck.send(codec.encode(Message("hello", -1, meta={"endpoint": endpoints[1]}), 1)[0])
+    for _ in range(8):
+        old.send(1, Message("gossip", 0, buffers=(torch.zeros(1 << 21),)))
     # The successor must open within the old one's linger (flush): seconds, for a loaded machine.
     closing = threading.Thread(target=old.shutdown, kwargs={"timeout": 0.1, "flush": 6.0})
     closing.start()
@@ -548,6 +555,7 @@ def test_closing_transport_spares_the_ipc_file_of_its_successor():
         closing.join(10.0)
         if successor is not None:
             successor.close()
+        ctx.destroy(linger=0)
 
 
 def test_address_is_free_again_after_close():
