@@ -229,7 +229,12 @@ class ZmqTransport(Transport):
                 self._disconnect(src)
                 self._connect_to(src, again=True)
 
-    _moved = repoint  # a rejoining peer's join says where it listens now
+    def _moved(self, rank: int, endpoint: str) -> None:
+        """A rejoining peer's join says where it listens now: reach it there if that moved.
+        At the same address our receiving socket reconnects by itself; a new one would take
+        a new routing id, and what the peer sent to the old one meanwhile would be lost."""
+        if endpoint != self.endpoints[rank]:
+            self.repoint(rank, endpoint)
 
     def connect(self, ranks) -> None:
         self._connected()
