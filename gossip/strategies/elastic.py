@@ -189,8 +189,8 @@ class ElasticRounds:
         self.inner.finish()
         if self.left or self.kept is None:
             return
-        self.epochs.cancel()  # a join due after the last round: nobody runs it
         last, result, _ = self.kept
+        self.epochs.cancel(last)  # a join due after the last round: nobody runs it
         state = self.inner.state_dict()
         self.synchronize(torch.zeros_like(result), last + 1)  # the strategy's own length
         self.inner.load_state_dict(state)

@@ -68,4 +68,4 @@ class ElasticGossip(ElasticRounds):
         last round is dropped (its joiner, if its state came, runs no round)."""
         self.inner.finish()
         if not self.left:
-            self.epochs.cancel()
+            self.epochs.cancel(self.view.round - 1 if self.kept is None else self.kept[0])

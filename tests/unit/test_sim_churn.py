@@ -104,3 +104,19 @@ def test_simulate_churn_prints_the_events_and_plots_the_members(tmp_path):
     out = CliRunner().invoke(main, ["plot", str(run_dir)])
     assert out.exit_code == 0, out.output
     assert (run_dir / "peers_vs_round.png").exists()
+
+
+def test_a_dpsgd_joiner_too_late_for_the_run_ends_cleanly(tmp_path):
+    """dpsgd on a ring of 6: a view activates 2 diam + 2 = 8 rounds after its proposal, so a
+    join asked in round 10 of 12 is never admitted. The members tell it the run ended
+    (``ctl.end``) as they close: it runs no round and the run exits 0, although the member
+    that left before it asked never says goodbye to it."""
+    run_dir = tmp_path / "run"
+    out = CliRunner().invoke(main, [
+        "simulate", "--peers", "6", "--rounds", "12", "--strategy", "dpsgd", "--elastic",
+        "--churn", "leave:2@3,join@10", "--dead-after", "0.5", "--compute-delay", "0.1",
+        "--batch-size", "8", "--quiet", "--run-dir", str(run_dir)])
+    assert out.exit_code == 0, out.output
+    assert "1 join (peer 6 at round 10)" in out.output
+    assert not (run_dir / "peer-6.jsonl").exists() \
+        or not (run_dir / "peer-6.jsonl").read_text().strip()
