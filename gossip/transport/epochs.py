@@ -295,17 +295,17 @@ class Epochs:
         self.scheduled, self._passed = view, epoch
         return None
 
-    def admission(self, timeout: float) -> View | None:
+    def admission(self, timeout: float, stop: Callable[[], bool] = lambda: False) -> View | None:
         """As a joiner: wait for the newest view that admits this id (not installed: its
-        donor's state comes first); None once every member asked has gone (said goodbye:
-        the run ended before admitting it).
+        donor's state comes first); None once the run ended before admitting it
+        (``ended``), or once ``stop()`` (this peer was asked to leave: it gives up).
 
         Raises:
             PeerTimeout: no view admitted it within ``timeout`` s.
         """
         deadline = self._clock.monotonic() + timeout
         while self.scheduled is None or self.rank not in self.scheduled.joins:
-            if self.ended():
+            if self.ended() or stop():
                 return None
             if self._clock.monotonic() >= deadline:
                 raise PeerTimeout(f"rank {self.rank}: no view admitted this peer within "
