@@ -120,3 +120,18 @@ def test_a_dpsgd_joiner_too_late_for_the_run_ends_cleanly(tmp_path):
     assert "1 join (peer 6 at round 10)" in out.output
     assert not (run_dir / "peer-6.jsonl").exists() \
         or not (run_dir / "peer-6.jsonl").read_text().strip()
+
+
+def test_the_oracle_probe_meets_the_views_members(tmp_path):
+    """``--probe oracle`` in an elastic run: a probe meets the view's members, not every
+    rank of the topology (a spare not admitted yet never comes: each probe sat out the
+    timeout); after the join it counts the joiner too."""
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 12, "batch_size": 8,
+                                    "seed": 3, "elastic": True, "spares": 1, "eval_every": 3,
+                                    "timeout": 20, "delays": {"compute": 0.1}})
+    run = simulate_run(config, Topology.generate("ring", 5), tmp_path,
+                       Simulation(probe="oracle"), churn=parse("join@1", 4))
+    assert run.failed == {} and run.virtual_s < 10
+    records = {line["round"]: line for line in run.records[0]}
+    assert records[3]["consensus"] is not None and records[11]["consensus"] is not None
+    assert len(run.records[4]) > 0
