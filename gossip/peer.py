@@ -274,12 +274,13 @@ class Peer:
     def enter(self) -> tuple[int, bytes] | None:
         """On a spare rank of an elastic run: join the running members; returns the round
         to run from (also ``self.round``) and the state its donor handed over, or None if
-        the members ended the run before admitting this peer."""
+        the members ended the run before admitting this peer, or if it was asked to leave
+        (``request_leave``) before a view admitted it."""
         if not self.elastic or self.rank < self.topology.size - self.spares:
             raise ConfigError(f"rank {self.rank} cannot join: only the last {self.spares} "
                               f"rank(s) of an elastic run's topology (spares) join it")
         with self.communicating():
-            entered = self.strategy.enter()
+            entered = self.strategy.enter(stop=lambda: self.leave_requested)
         if entered is not None:
             self.round = entered[0]
         return entered

@@ -39,7 +39,9 @@ def run_summary(run_dir: Path, ranks: list[int], deaths=()) -> str:
     table = format_table(rows, ["peer", "loss", *shown, "accuracy", "bytes sent", "bytes recv",
                                 "seconds"])
     final = last[min(last)]
-    mean_acc = sum(r["accuracy"] for r in rows) / len(rows)
+    # a peer that left or died between scored rounds (--test-every) has none last
+    scored = [r["accuracy"] for r in rows if r["accuracy"] is not None] or [float("nan")]
+    mean_acc = sum(scored) / len(scored)
     lines = [table, f"mean test accuracy {mean_acc:.4f}"]
     if shown:
         mean_loss = sum(r["test loss"] for r in rows) / len(rows)

@@ -5,7 +5,9 @@ leaving and killed during an elastic run, and the record of its membership over 
 order) with ``--join`` once some peer recorded R rounds; ``leave:K@R`` sends rank K SIGTERM
 (it leaves after its round under way) and ``kill:K@R`` SIGKILL, once K itself recorded R
 rounds. Each event is appended to ``membership.jsonl`` in the run directory as it happens;
-a kill is a death the run injected, not a failure.
+a kill is a death the run injected, not a failure. A joiner still waiting for a view once
+every peer that trained has ended (a join too near the end, or a process that started after
+the members closed: nobody reads its asks) gets SIGTERM: it gives up and exits 0.
 
 ``random:PCT%/N`` draws such a schedule (``expand``): in every N rounds, PCT% of the initial
 peers change, half of them joins, the other half leaving and killed in turn, at rounds and
@@ -192,6 +194,8 @@ class Churn(Schedule):
         super().__init__(events, log_path)
         self.start = start
         self.killed: set[int] = set()  # ranks the schedule killed: injected deaths
+        self.joiners = set(joiners(events))
+        self.released: set[int] = set()  # joiners told to give up: the run ended without them
 
     def watching(self) -> dict:
         """``launch.watch``'s arguments for this schedule (none for an empty one)."""
@@ -215,3 +219,19 @@ class Churn(Schedule):
                 send_signal(running[event.rank], ACTIONS[event.action])
                 if event.action == "kill":
                     self.killed.add(event.rank)
+        self._release(procs)
+
+    def _release(self, procs: list[PeerProcess]) -> None:
+        """SIGTERM the joiners with no round recorded once every peer that recorded one has
+        ended and no join is pending: no view can admit them any more."""
+        if any(event.action == "join" for event in self.pending):
+            return
+        trained = [p for p in procs if p.rank not in self.joiners or rounds_done(p)]
+        if not any(rounds_done(p) for p in trained) \
+                or any(p.process.poll() is None for p in trained):
+            return
+        for p in procs:
+            if p.rank in self.joiners and p.rank not in self.released \
+                    and p.process.poll() is None:
+                send_signal(p, ACTIONS["leave"])
+                self.released.add(p.rank)

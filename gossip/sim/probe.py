@@ -26,15 +26,16 @@ class Meetings:
         self.world, self.left_out = world, left_out
         self.rounds: dict[int, dict] = {}
 
-    def meet(self, round: int, rank: int, x: torch.Tensor, timeout: float):
-        """Give ``x``; returns the mean model (float64) once every peer gave theirs, or None
-        if a peer ended (it never will)."""
+    def meet(self, round: int, rank: int, x: torch.Tensor, timeout: float, members):
+        """Give ``x``; returns the mean model (float64) once every one of ``members`` (the
+        ranks, or an elastic run's view: the same for all of them in a round) gave theirs,
+        or None if a peer ended (it never will)."""
         world, scheduler = self.world, self.world.scheduler
         meeting = self.rounds.setdefault(round, {"vectors": {}, "waiting": [], "mean": None})
         meeting["vectors"][rank] = x
-        if len(meeting["vectors"]) == world.size:
+        if len(meeting["vectors"]) == len(members):
             vectors = meeting["vectors"]
-            stacked = torch.stack([vectors[r] for r in range(world.size)
+            stacked = torch.stack([vectors[r] for r in sorted(members)
                                    if r not in self.left_out])
             meeting["mean"] = (stacked.mean(dim=0), (stacked * stacked).sum(dim=1).mean())
             del self.rounds[round]
@@ -61,7 +62,10 @@ class OracleProbe:
             return None, None
         params = list(model.parameters())
         own = parameters_to_vector(params).clone()
-        mean = self.meetings.meet(round, self.peer.rank, own.double(), self.peer.timeout)
+        view = self.peer.view
+        members = range(self.meetings.world.size) if view is None else view.members
+        mean = self.meetings.meet(round, self.peer.rank, own.double(), self.peer.timeout,
+                                  members)
         if mean is None:
             return None, None
         avg, mean_sq = mean

@@ -141,10 +141,11 @@ class ElasticRounds:
                     buffers=(torch.frombuffer(bytearray(data), dtype=torch.uint8),)))
         return joiners
 
-    def enter(self) -> tuple[int, bytes] | None:
+    def enter(self, stop: Callable[[], bool] = lambda: False) -> tuple[int, bytes] | None:
         """As a spare id: join the running members; returns the round to run from and the
         state its donor sent (``hand_over``), checked against its blake2b; None if the
-        members ended the run before admitting this peer.
+        members ended the run before admitting this peer, or ``stop()`` before a view
+        admitted it (asked to leave: it gives up).
 
         Raises:
             PeerTimeout: no view admitted this peer, or its donor sent nothing, in time.
@@ -155,7 +156,7 @@ class ElasticRounds:
         epochs.ask()
         while True:
             left = deadline - transport.clock.monotonic()
-            view = epochs.admission(max(left, 0.0))
+            view = epochs.admission(max(left, 0.0), stop)
             if view is None:
                 return None
             donor = view.joins[epochs.rank]
@@ -189,8 +190,8 @@ class ElasticRounds:
         self.inner.finish()
         if self.left or self.kept is None:
             return
-        self.epochs.cancel()  # a join due after the last round: nobody runs it
         last, result, _ = self.kept
+        self.epochs.cancel(last)  # a join due after the last round: nobody runs it
         state = self.inner.state_dict()
         self.synchronize(torch.zeros_like(result), last + 1)  # the strategy's own length
         self.inner.load_state_dict(state)

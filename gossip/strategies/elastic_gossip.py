@@ -23,7 +23,6 @@ change needs no agreement at the moment it happens:
 
 from __future__ import annotations
 
-import networkx as nx
 import torch
 
 from gossip.strategies.elastic import ElasticRounds
@@ -50,8 +49,8 @@ class ElasticGossip(ElasticRounds):
         installed view's graph (a hop a round, both ways, and a round's slack)."""
         view = self.view
         if self._margin is None or self._margin[0] != view.epoch:
-            graph = self.inner.topology.view_graph(view.members)
-            self._margin = (view.epoch, 2 * nx.diameter(graph) + 2)
+            self._margin = (view.epoch,
+                            2 * self.inner.topology.view_diameter(view.members) + 2)
         return self._margin[1]
 
     def synchronize(self, x: torch.Tensor, round: int, *,
@@ -68,4 +67,4 @@ class ElasticGossip(ElasticRounds):
         last round is dropped (its joiner, if its state came, runs no round)."""
         self.inner.finish()
         if not self.left:
-            self.epochs.cancel()
+            self.epochs.cancel(self.view.round - 1 if self.kept is None else self.kept[0])

@@ -48,6 +48,9 @@ def _check_graph(graph: Any, size: int) -> nx.Graph:
     return nx.freeze(clean)
 
 
+VIEWS_KEPT = 4  # views of an elastic run a topology keeps (each member asks of the same)
+
+
 class Topology:
     """Immutable description of a peer-to-peer graph: nodes are ranks ``0..P-1``.
 
@@ -82,6 +85,7 @@ class Topology:
         }
         self._edges = tuple(sorted(self._graph.edges()))
         self._mixing: np.ndarray | None = None
+        self._views: dict[tuple[int, ...], views.ViewShape] = {}  # the newest VIEWS_KEPT
         if roles is not None and not {*roles.servers, *roles.workers} <= set(range(self.size)):
             raise TopologyError(f"roles: ranks outside 0..{self.size - 1}")
         self._roles = roles
@@ -121,8 +125,27 @@ class Topology:
     def view_graph(self, members) -> nx.Graph:
         """The graph of an elastic run's view of ``members`` (ids), on those ids: the
         generator re-evaluated at their number over their sorted order, or the explicit
-        graph induced on them (gossip/topology/views.py)."""
-        return views.view_graph(self._graph, self._generator, members)
+        graph induced on them (gossip/topology/views.py); frozen."""
+        return self._view(members).graph
+
+    def view_mixing(self, members) -> tuple[tuple[int, ...], np.ndarray]:
+        """The ids of the view of ``members`` in slot order and its Metropolis-Hastings
+        matrix on those slots (read-only)."""
+        return self._view(members).mixing
+
+    def view_diameter(self, members) -> int:
+        """The diameter of the view of ``members``'s graph."""
+        return self._view(members).diameter
+
+    def _view(self, members) -> views.ViewShape:
+        key = tuple(sorted(members))
+        shape = self._views.get(key)
+        if shape is None:
+            shape = views.ViewShape(views.view_graph(self._graph, self._generator, key))
+            if len(self._views) >= VIEWS_KEPT:
+                del self._views[next(iter(self._views))]
+            self._views[key] = shape
+        return shape
 
     def trains(self, rank: int) -> bool:
         """Whether ``rank`` trains: every rank does unless the roles make it a server only

@@ -136,8 +136,8 @@ class Trainer:
         at the round it joins at (no round at all if the run ended first)."""
         entered = self.peer.enter()
         if entered is None:
-            log.warning("rank %d: the run ended before this peer was admitted",
-                        self.peer.rank)
+            log.warning("rank %d: the run ended (or this peer was asked to leave) before "
+                        "it was admitted", self.peer.rank)
             self.first_round = self.config.rounds  # no round left
             return
         self.first_round, data = entered

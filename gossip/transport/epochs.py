@@ -18,6 +18,10 @@ inside the transport, never returned by ``recv``):
   round on it counts as gone, but not as dead; the receiver says goodbye to it at once (it
   needs nothing more from it, and the leaver waits for its contacts' goodbyes).
 * ``ctl.enter {}``: the sender, a spare id not in any view yet, asks to join (``ask``).
+* ``ctl.end {round}``: the sender closed after ``round``, the run's last, and admits nobody
+  more (``cancel``): sent to the peers asking to join (at once to one asking later), so a
+  joiner no view admitted in time ends cleanly without waiting for every member it asked
+  to say goodbye (a dead one never does).
 
 A join is admitted at a round boundary (``admit``): the coordinator, at the start of its round
 r, proposes the view with every asking peer added, activated at round r + MARGIN, each joiner
@@ -54,8 +58,8 @@ from gossip.transport.message import Message
 
 log = logging.getLogger("gossip.transport")
 
-STATE, VIEW, LEAVE, ENTER = "ctl.state", "ctl.view", "ctl.leave", "ctl.enter"
-KINDS = frozenset({STATE, VIEW, LEAVE, ENTER})
+STATE, VIEW, LEAVE, ENTER, END = "ctl.state", "ctl.view", "ctl.leave", "ctl.enter", "ctl.end"
+KINDS = frozenset({STATE, VIEW, LEAVE, ENTER, END})
 WAKE_S = 0.05  # how often a member waiting for a view looks whether its coordinator died
 MARGIN = 2  # a join's view activates this many rounds after its proposal (spec section 3)
 
@@ -154,13 +158,15 @@ class Epochs:
         self.scheduled: View | None = None  # a join's view, installed at its round
         self._passed = 0  # the newest epoch proposed (maybe dropped): numbers never reused
         self.closing = False  # this member runs its closing round: it admits nobody more
+        self._last: int | None = None  # as a member closing: the run's last round
+        self._closed: int | None = None  # as a joiner: the last round a member said (ctl.end)
 
     # -- messages (called by Membership) -----------------------------------------------------
     @staticmethod
     def validate(msg: Message) -> None:
         """Raise ValueError or TypeError naming what is wrong with ``msg``'s meta."""
         meta = msg.meta
-        if msg.kind == LEAVE:
+        if msg.kind in (LEAVE, END):
             _ints(meta, "round")
             return
         if msg.kind == ENTER:
@@ -195,6 +201,11 @@ class Epochs:
         if msg.kind == ENTER:
             if msg.src not in self.view.members and self._located([msg.src]):
                 self.asking.add(msg.src)
+                if self.closing:
+                    self._end([msg.src])
+            return
+        if msg.kind == END:
+            self._closed = meta["round"]
             return
         if msg.kind == LEAVE:
             self.leaving[msg.src] = meta["round"]
@@ -284,17 +295,17 @@ class Epochs:
         self.scheduled, self._passed = view, epoch
         return None
 
-    def admission(self, timeout: float) -> View | None:
+    def admission(self, timeout: float, stop: Callable[[], bool] = lambda: False) -> View | None:
         """As a joiner: wait for the newest view that admits this id (not installed: its
-        donor's state comes first); None once every member asked has gone (said goodbye:
-        the run ended before admitting it).
+        donor's state comes first); None once the run ended before admitting it
+        (``ended``), or once ``stop()`` (this peer was asked to leave: it gives up).
 
         Raises:
             PeerTimeout: no view admitted it within ``timeout`` s.
         """
         deadline = self._clock.monotonic() + timeout
         while self.scheduled is None or self.rank not in self.scheduled.joins:
-            if self.ended():
+            if self.ended() or stop():
                 return None
             if self._clock.monotonic() >= deadline:
                 raise PeerTimeout(f"rank {self.rank}: no view admitted this peer within "
@@ -302,12 +313,20 @@ class Epochs:
             self._wait(WAKE_S)
         return self.scheduled
 
-    def cancel(self) -> None:
-        """As a member closing: admit nobody more, and drop a join's view not installed
-        yet. Every member closes after the same last round, so all drop it (its joiner, if
-        its state came, runs no round; else it sees the members go)."""
-        self.scheduled = None
-        self.closing = True
+    def cancel(self, last: int) -> None:
+        """As a member closing after round ``last``: admit nobody more, and drop a join's
+        view not installed yet. Every member closes after the same last round, so all drop
+        it (its joiner, if its state came, runs no round). The other peers asking are told
+        the run ended (``ctl.end``): no view can admit them now."""
+        handed = set()  # a view due right after the last round: its donors sent the state
+        if self.scheduled is not None and self.scheduled.round == last + 1:
+            handed = set(self.scheduled.joins)
+        self.scheduled, self.closing, self._last = None, True, last
+        self._end(sorted(self.asking - set(self.view.members) - handed))
+
+    def _end(self, joiners) -> None:
+        for dst in joiners:
+            self._send(dst, Message(END, max(self._last, 0), meta={"round": self._last}))
 
     def forget(self, view: View) -> None:
         """As a joiner: ``view``'s donor died before sending; wait for a newer view."""
@@ -315,7 +334,13 @@ class Epochs:
             self.scheduled = None
 
     def ended(self) -> bool:
-        """As a joiner: whether every member it asked has gone (the run is over for it)."""
+        """As a joiner: whether the run is over for it: a member said it closed (``ctl.end``)
+        and no view admits this peer by the round after the last (whose donor sends the
+        state before closing), or every member it asked has gone."""
+        if self._closed is not None:
+            view = self.scheduled
+            if view is None or self.rank not in view.joins or view.round > self._closed + 1:
+                return True
         return set(self.first) <= self._gone()
 
     def install(self, view: View) -> View:

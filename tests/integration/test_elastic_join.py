@@ -220,3 +220,23 @@ def test_launch_with_churn_one_join_one_leave_one_kill(tmp_path):
     events = [json.loads(line)["event"] for line in (run_dir / "membership.jsonl").open()]
     assert events == ["join", "leave", "kill"]
     assert records[0][rounds - 1]["epoch"] >= 3  # the join, the leave, the kill
+
+
+@pytest.mark.slow
+def test_launch_with_a_dpsgd_join_too_late_for_the_run_exits_0(tmp_path):
+    """`gossip launch --churn join@27` of 30 rounds on dpsgd: the joiner's process starts
+    (seconds) after the members closed, so nobody reads its ask; the launcher SIGTERMs it
+    once the members ended, it gives up, exits 0 and records no round."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    launch = subprocess.run(
+        [sys.executable, "-m", "gossip", "launch", "--peers", "5", "--rounds", "30",
+         "--strategy", "dpsgd", "--elastic", "--churn", "join@27", "--run-dir", str(run_dir),
+         "--timeout", "60", "--dead-after", "1", "--compute-delay", "0.15"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert launch.returncode == 0, (launch.stdout, launch.stderr)
+    assert "1 join (peer 5 at round 27)" in launch.stdout
+    records = run_dir / "peer-5.jsonl"
+    assert not records.exists() or not records.read_text().strip()

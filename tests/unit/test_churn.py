@@ -90,3 +90,37 @@ def test_bad_random_schedules_are_refused_in_one_line(text):
 
     with pytest.raises(ConfigError, match=r"^--churn: .* is not random:PCT%/ROUNDS"):
         expand(text, 10, 100, 0)
+
+
+def test_a_joiner_still_waiting_when_the_members_ended_is_asked_to_leave(tmp_path):
+    """`launch`'s schedule SIGTERMs (a leave: the joiner gives up, exits 0) a joiner that
+    recorded no round once every peer that trained has ended: its process may start
+    after the members closed, and then nobody answers its asks."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from gossip.launching.churn import Churn
+    from gossip.launching.processes import PeerProcess
+
+    def process(rank, rounds, alive):
+        metrics = tmp_path / f"peer-{rank}.jsonl"
+        metrics.write_text("".join(json.dumps({"round": r}) + "\n" for r in range(rounds)))
+        code = "import time; time.sleep(60)" if alive else "pass"
+        popen = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        if not alive:
+            popen.wait()
+        return PeerProcess(rank, popen, tmp_path / f"peer-{rank}.log", metrics)
+
+    member, joiner = process(0, 5, alive=True), process(1, 0, alive=True)
+    churn = Churn(parse("join@3", 1), lambda rank: joiner, tmp_path / "membership.jsonl")
+    procs = [member]
+    churn.tick(procs)  # the join is due: its process starts; the member still runs
+    assert procs == [member, joiner] and joiner.process.poll() is None
+    churn.tick(procs)
+    assert joiner.process.poll() is None and not churn.released
+    member.process.kill()
+    member.process.wait()
+    churn.tick(procs)
+    assert churn.released == {1} and joiner.process.wait(10) == -signal.SIGTERM

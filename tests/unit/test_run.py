@@ -280,3 +280,16 @@ def test_the_summary_of_a_run_where_no_peer_finished_training_names_the_deaths(t
     summary = run_summary(tmp_path, [0, 1, 2], deaths)
     assert summary.splitlines() == ["no peer finished training", deaths[0].describe(),
                                     deaths[1].describe()]
+
+
+def test_the_summary_mean_accuracy_skips_a_last_record_not_scored(tmp_path):
+    """With --test-every, a peer that left between scored rounds has no accuracy last."""
+    import json
+
+    from gossip.cli.summary import run_summary
+
+    for rank, accuracy in ((0, 0.5), (1, None), (2, 0.7)):
+        line = {"round": 3, "loss": 0.1, "accuracy": accuracy, "bytes_sent": 1,
+                "bytes_recv": 1, "time": 1.0, "consensus": None, "lost_peers": {}}
+        (tmp_path / f"peer-{rank}.jsonl").write_text(json.dumps(line) + "\n")
+    assert "mean test accuracy 0.6000" in run_summary(tmp_path, [0, 1, 2])

@@ -104,3 +104,34 @@ def test_simulate_churn_prints_the_events_and_plots_the_members(tmp_path):
     out = CliRunner().invoke(main, ["plot", str(run_dir)])
     assert out.exit_code == 0, out.output
     assert (run_dir / "peers_vs_round.png").exists()
+
+
+def test_a_dpsgd_joiner_too_late_for_the_run_ends_cleanly(tmp_path):
+    """dpsgd on a ring of 6: a view activates 2 diam + 2 = 8 rounds after its proposal, so a
+    join asked in round 10 of 12 is never admitted. The members tell it the run ended
+    (``ctl.end``) as they close: it runs no round and the run exits 0, although the member
+    that left before it asked never says goodbye to it."""
+    run_dir = tmp_path / "run"
+    out = CliRunner().invoke(main, [
+        "simulate", "--peers", "6", "--rounds", "12", "--strategy", "dpsgd", "--elastic",
+        "--churn", "leave:2@3,join@10", "--dead-after", "0.5", "--compute-delay", "0.1",
+        "--batch-size", "8", "--quiet", "--run-dir", str(run_dir)])
+    assert out.exit_code == 0, out.output
+    assert "1 join (peer 6 at round 10)" in out.output
+    assert not (run_dir / "peer-6.jsonl").exists() \
+        or not (run_dir / "peer-6.jsonl").read_text().strip()
+
+
+def test_the_oracle_probe_meets_the_views_members(tmp_path):
+    """``--probe oracle`` in an elastic run: a probe meets the view's members, not every
+    rank of the topology (a spare not admitted yet never comes: each probe sat out the
+    timeout); after the join it counts the joiner too."""
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 12, "batch_size": 8,
+                                    "seed": 3, "elastic": True, "spares": 1, "eval_every": 3,
+                                    "timeout": 20, "delays": {"compute": 0.1}})
+    run = simulate_run(config, Topology.generate("ring", 5), tmp_path,
+                       Simulation(probe="oracle"), churn=parse("join@1", 4))
+    assert run.failed == {} and run.virtual_s < 10
+    records = {line["round"]: line for line in run.records[0]}
+    assert records[3]["consensus"] is not None and records[11]["consensus"] is not None
+    assert len(run.records[4]) > 0

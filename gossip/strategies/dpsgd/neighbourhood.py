@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 
-from gossip.topology.views import view_mixing
 
 log = logging.getLogger("gossip.strategies")
 
@@ -27,7 +26,7 @@ class Neighbourhood:
         if members is None:
             ids, row = range(topology.size), topology.mixing_matrix()[rank]
         else:
-            ids, matrix = view_mixing(topology.view_graph(members))
+            ids, matrix = topology.view_mixing(members)
             row = matrix[ids.index(rank)]
         slot = {member: index for index, member in enumerate(ids)}
         self.rank = rank
