@@ -116,7 +116,8 @@ def expand(text: str, peers: int, rounds: int, seed: int) -> str:
         gone = draw.sample(present, min(changes - len(joined), len(present) - 2))
         items += [f"{'leave' if i % 2 == 0 else 'kill'}:{rank}@{draw.randint(start + 1, last)}"
                   for i, rank in enumerate(gone)]
-        present = [rank for rank in present if rank not in set(gone)] + joined
+        gone_now = set(gone)
+        present = [rank for rank in present if rank not in gone_now] + joined
     if not items:
         raise ConfigError(f"--churn: {text!r} draws no event in {rounds} rounds (the last "
                           f"{LAST} have none)")
