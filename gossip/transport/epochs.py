@@ -425,6 +425,10 @@ class Epochs:
         self.view = view
         self.history.append(view)
         self._states.clear()
+        if self.scheduled is not None and self.scheduled.epoch <= view.epoch:
+            # a join's view that reached this member during an agreement on a death, which
+            # numbered past it: installed at its round, it would undo this one
+            self.scheduled = None
         return view
 
 
