@@ -90,7 +90,7 @@ class ElasticRounds:
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-        admitted = self.epochs.admit(round)
+        admitted = self.epochs.admit(round, timeout=self.timeout)
         if admitted is not None:
             self.inner.regroup(admitted.slot(self.epochs.rank), admitted.members, admitted.epoch)
         saved = self.inner.state_dict()  # e.g. a residual: a redo starts from it again

@@ -55,7 +55,8 @@ class ElasticGossip(ElasticRounds):
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-        view = self.epochs.admit(round, margin=self.margin, departures=True)
+        view = self.epochs.admit(round, timeout=self.timeout, margin=self.margin,
+                                 departures=True)
         if view is not None:
             self.inner.regroup(view.slot(self.epochs.rank), view.members, view.epoch)
         result = self.inner.synchronize(x, round, out=out)

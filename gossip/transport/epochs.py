@@ -14,6 +14,8 @@ inside the transport, never returned by ``recv``):
 * ``ctl.view {e, members, round, acks[, joins, due]}``: the coordinator's decision, sent to
   every member of the new view; a view proposed ahead of its round (``admit``: a join, or
   for gossip a departure) says ``due`` and is installed at that round.
+* ``ctl.held {e}``: the answer to a ``due`` view: the sender holds view ``e`` and installs
+  it at its round (``admit``: the coordinator waits for it).
 * ``ctl.leave {round}``: the sender completed ``round`` and leaves (``leave``): from the next
   round on it counts as gone, but not as dead; the receiver says goodbye to it at once (it
   needs nothing more from it, and the leaver waits for its contacts' goodbyes).
@@ -27,7 +29,11 @@ A join is admitted at a round boundary (``admit``): the coordinator, at the star
 r, proposes the view with every asking peer added, activated at round r + MARGIN, each joiner
 given a donor (the old members round-robin, from the epoch on, so joins spread), and sends it
 to every member of it; each member installs it when it starts that round. No member starts
-round r + 2 before completing r + 1, which needs the coordinator's input, sent after the view.
+round r + 2 before completing r + 1, which needs the coordinator's input, and the coordinator
+sends that only once every old member said it holds the view (``ctl.held``, awaited at the
+start of round r + 1): the view travels on another connection than the rounds' messages, so
+without the answer a member could start r + 2 on the old view while the others ran the new
+one. A message of a newer epoch thus never reaches a receive on an older view.
 A coordinator proposes nothing while a join it proposed is not yet installed, so racing joins
 get one view each or one view together. A death before the activation drops the scheduled
 view (``reform``), and the next agreement's epoch is past it, so no number is used twice; the
@@ -59,7 +65,8 @@ from gossip.transport.message import Message
 log = logging.getLogger("gossip.transport")
 
 STATE, VIEW, LEAVE, ENTER, END = "ctl.state", "ctl.view", "ctl.leave", "ctl.enter", "ctl.end"
-KINDS = frozenset({STATE, VIEW, LEAVE, ENTER, END})
+HELD = "ctl.held"
+KINDS = frozenset({STATE, VIEW, LEAVE, ENTER, END, HELD})
 WAKE_S = 0.05  # how often a member waiting for a view looks whether its coordinator died
 MARGIN = 2  # a join's view activates this many rounds after its proposal (spec section 3)
 
@@ -156,6 +163,9 @@ class Epochs:
         self._offered: View | None = None  # a newer view from a live coordinator, not yet taken
         self.asking: set[int] = set()  # ids that asked to join and are not members yet
         self.scheduled: View | None = None  # a join's view, installed at its round
+        # as the coordinator: its proposal not yet held by every member (view, round proposed)
+        self._unheld: tuple[View, int] | None = None
+        self._held: set[int] = set()  # members that said they hold it (ctl.held)
         self._passed = 0  # the newest epoch proposed (maybe dropped): numbers never reused
         self.closing = False  # this member runs its closing round: it admits nobody more
         self._last: int | None = None  # as a member closing: the run's last round
@@ -172,6 +182,8 @@ class Epochs:
         if msg.kind == ENTER:
             return
         _ints(meta, "e")
+        if msg.kind == HELD:
+            return
         members = meta.get("members")
         if not isinstance(members, list) or not members or not all(_is_int(m) for m in members):
             raise ValueError(f"members={members!r} is not a list of ids")
@@ -207,6 +219,10 @@ class Epochs:
         if msg.kind == END:
             self._closed = meta["round"]
             return
+        if msg.kind == HELD:
+            if self._unheld is not None and self._unheld[0].epoch == meta["e"]:
+                self._held.add(msg.src)
+            return
         if msg.kind == LEAVE:
             self.leaving[msg.src] = meta["round"]
             log.warning("rank %d: %s leaves after round %d", self.rank,
@@ -224,6 +240,7 @@ class Epochs:
         if view.joins or meta.get("due") is True:  # installed at its round, not at once
             self.scheduled = view
             self._passed = view.epoch
+            self._send(msg.src, Message(HELD, max(view.round, 0), meta={"e": view.epoch}))
         elif self._offered is None or view.epoch > self._offered.epoch:
             self._offered = view
 
@@ -261,17 +278,23 @@ class Epochs:
         for dst in self.first:
             self._send(dst, Message(ENTER, 0, meta={}))
 
-    def admit(self, round: int, *, margin: int = MARGIN,
+    def admit(self, round: int, *, timeout: float, margin: int = MARGIN,
               departures: bool = False) -> View | None:
         """At the start of ``round``: install the view due now (returned), or, as the
-        coordinator, propose one for the peers asking (installed ``margin`` rounds later).
-        With ``departures`` (gossip, whose members drop a gone neighbour by themselves
-        meanwhile) it also proposes one without the members known gone (dead or left)."""
+        coordinator, propose one for the peers asking (installed ``margin`` rounds later),
+        or, in the round after proposing it, wait up to ``timeout`` s until every old member
+        holds it (``ctl.held``; see the module docstring). With ``departures`` (gossip, whose
+        members drop a gone neighbour by themselves meanwhile) it also proposes one without
+        the members known gone (dead or left)."""
         view = self.scheduled
         if view is not None and view.round <= round:
             self.scheduled = None
             self.asking -= set(view.members)
             return self._install(view)
+        if self._unheld is not None and round > self._unheld[1]:
+            if self._unheld[0] is view:  # else dropped (reform) or cancelled meanwhile
+                self._await_held(view, timeout)
+            self._unheld = None
         gone = self._gone()
         alive = [m for m in self.view.members if m not in gone]
         joiners = sorted(self.asking - set(self.view.members) - gone)
@@ -293,7 +316,24 @@ class Epochs:
                     view.round)
         self.agreements += 1
         self.scheduled, self._passed = view, epoch
+        self._unheld, self._held = (view, round), set()
         return None
+
+    def _await_held(self, view: View, timeout: float) -> None:
+        """As the coordinator: wait until every member of ``view`` but its joiners (which
+        run nothing before their state comes) said it holds it, or is known gone; after
+        ``timeout`` s go on, logged (a silent member is dead or about to be found so)."""
+        deadline = self._clock.monotonic() + timeout
+        while True:
+            silent = set(view.members) - set(view.joins) - self._held - self._gone() \
+                - {self.rank}
+            if not silent:
+                return
+            if self._clock.monotonic() >= deadline:
+                log.warning("rank %d: view %d: no word that %s hold it within %g s; going on",
+                            self.rank, view.epoch, sorted(silent), timeout)
+                return
+            self._wait(WAKE_S)
 
     def admission(self, timeout: float, stop: Callable[[], bool] = lambda: False) -> View | None:
         """As a joiner: wait for the newest view that admits this id (not installed: its

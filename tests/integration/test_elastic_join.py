@@ -6,13 +6,17 @@ of its round results, which its donor hands a joiner as bytes.
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 
+import msgpack
 import pytest
 import torch
 
 from gossip.errors import ConfigError
 from gossip.peer import Peer
+from gossip.transport import LoopbackHub
 from support import peer_once_all_bound
 from support.waiting import pace_joins
 
@@ -111,6 +115,56 @@ def test_a_joiner_takes_its_donors_state_and_runs_bitwise_equal(strategy, option
     # from the join on, the mean over every member, the joiner included
     torch.testing.assert_close(models[first] - models[first - 1], x[:, first].mean(dim=0),
                                rtol=1e-12, atol=1e-12)
+
+
+class LateViews:
+    """A loopback inbox that holds each due ``ctl.view`` until its owner has waited on it
+    empty for ``late`` s after the view came: the view's connection is slower than the
+    rounds' (different sockets on ZeroMQ, no order between them)."""
+
+    def __init__(self, late: float):
+        self.queue, self.late, self.held = queue.SimpleQueue(), late, []
+
+    def put(self, frames):
+        header = msgpack.unpackb(bytes(frames[0]))
+        if header["kind"] == "ctl.view" and header["meta"].get("due"):
+            self.held.append((time.monotonic() + self.late, frames))
+        else:
+            self.queue.put(frames)
+
+    def get_nowait(self):
+        return self.queue.get_nowait()
+
+    def get(self, timeout: float):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.queue.get(timeout=min(0.01, max(deadline - time.monotonic(), 0)))
+            except queue.Empty:
+                for item in [h for h in self.held if h[0] <= time.monotonic()]:
+                    self.held.remove(item)
+                    self.queue.put(item[1])
+                if time.monotonic() >= deadline:
+                    raise
+
+
+def test_a_join_view_that_reaches_a_member_late_is_held_before_its_round(local_topology,
+                                                                         run_peers):
+    """Rank 2 gets the join's view 0.5 s late, long after rounds take: the coordinator sends
+    its input to the round before the view's only once every member holds it, so rank 2
+    installs it in time (it started the view's round on the old one and was sent a message
+    of the new epoch: "sent epoch=1, expected epoch=0")."""
+    members, rounds = 4, 8
+    topology = local_topology("ring", members + 1)
+    hub = LoopbackHub(members + 1)
+    hub.queues[2] = LateViews(0.5)
+    outcome, peers, x = run_with_joins(run_peers, topology, members=members, rounds=rounds,
+                                       joins={members: 2}, hub=hub)
+    first, models = outcome[members]
+    for rank in range(members):
+        assert peers[rank].view == peers[members].view
+        for round in range(first - 1, rounds):
+            assert torch.equal(outcome[rank][1][round], models[round]), (rank, round)
 
 
 @pytest.mark.parametrize("second, views", [(2, 2), (3, 3)], ids=["together", "apart"])

@@ -36,7 +36,8 @@ class RingLayout:
     def current(self, meta: Mapping[str, Any]) -> bool:
         """Whether a message belongs to this layout's view; False for an older epoch's
         (dropped by the caller). A newer epoch's cannot reach a member still in this one:
-        a view is agreed only once every member left the one before."""
+        a view is agreed only once every member left the one before, and a join's view is
+        held by every member before anyone can start its round (epochs.py, ``ctl.held``)."""
         return self.epoch is None or meta.get("e", -1) >= self.epoch
 
     def pieces(self, numel: int, itemsize: int) -> list[list[tuple[int, int]]]:
