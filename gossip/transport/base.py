@@ -140,9 +140,14 @@ class Transport(ABC):
         return False
 
     def _never_reached(self) -> set[int]:
-        """Peers whose connection never came up in the time a dead peer is given: no
-        process listens at their address (a restarted peer uses it to fail fast when its
-        job has finished)."""
+        """Peers we connected to whose connection never came up in the time a dead peer is
+        given: no process listens at their address (a restarted peer uses it to fail fast
+        when its job has finished)."""
+        return set()
+
+    def _unreached(self) -> set[int]:
+        """Every peer whose connection never came up in that time, connected to or not (a
+        leaving peer awaits no goodbye from them)."""
         return set()
 
     def connect(self, ranks) -> None:
@@ -283,7 +288,8 @@ class Transport(ABC):
             return leave(Leaving(
                 rank=self.rank, clock=self.clock, describe=self.describe,
                 contacts=self.contacts, departed=self.departed, linked=self.linked,
-                lost=lambda: set(self.membership.lost), dead=self.membership.firsthand(),
+                lost=lambda: set(self.membership.lost), unreached=self._unreached,
+                dead=self.membership.firsthand(),
                 say_goodbye=lambda dst: self.send(dst, Message(kind=BYE, round=-1)),
                 wait=lambda t: self.inbox.wait(t, keep=False),
                 link_up=self._link_up), timeout)

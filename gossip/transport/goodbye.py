@@ -4,7 +4,9 @@ Once a contact's goodbye arrived, everything it sent before has arrived too (per
 and it no longer needs anything from us. Peers we are only linked to (``connect``, nothing
 exchanged yet, e.g. this peer took no step) get a goodbye too, so they neither wait for this
 peer nor take its leaving for a death; their goodbye is not waited for, but their link must
-be up for ours to leave (a peer still starting), so that much is.
+be up for ours to leave (a peer still starting), so that much is. A contact whose link never
+came up in the time a dead peer is given is not waited for either: nothing listens at its
+address (a joiner started after the members it asked ended, a spare that never started).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Leaving:
     departed: set[int]
     linked: set[int]
     lost: Callable[[], set[int]]  # every peer known lost, also only reported
+    unreached: Callable[[], set[int]]  # links that never came up within dead_after
     dead: set[int]  # first-hand losses: told nothing
     say_goodbye: Callable[[int], None]
     wait: Callable[[float], bool]  # wait for one message and handle it; False: none came
@@ -51,7 +54,7 @@ def leave(how: Leaving, timeout: float) -> set[int]:
             pass
 
     def silent() -> set[int]:  # lost peers (even only reported ones) say nothing more
-        return how.contacts - only_linked - how.departed - how.lost()
+        return how.contacts - only_linked - how.departed - how.lost() - how.unreached()
 
     def untold() -> set[int]:
         return {r for r in only_linked - how.departed - how.lost() if not how.link_up(r)}
@@ -59,13 +62,17 @@ def leave(how: Leaving, timeout: float) -> set[int]:
     clock = how.clock
     deadline = clock.monotonic() + timeout
     while (silent() or untold()) and clock.monotonic() < deadline:
-        wait = deadline - clock.monotonic()
-        how.wait(max(min(wait, LINK_CHECK_S) if untold() else wait, 0.0))
-    missing, unreached = silent(), untold()
+        # in short steps: a link may be found never to come up while nothing arrives
+        how.wait(max(min(deadline - clock.monotonic(), LINK_CHECK_S), 0.0))
+    missing, untold_now = silent(), untold()
+    nobody = (how.contacts - only_linked - how.departed - how.lost()) & how.unreached()
     if missing:
         log.warning("rank %d: no goodbye from %s within %g s", how.rank,
                     ", ".join(how.describe(r) for r in sorted(missing)), timeout)
-    if unreached:
+    if untold_now:
         log.warning("rank %d: could not say goodbye to %s within %g s (not reached)", how.rank,
-                    ", ".join(how.describe(r) for r in sorted(unreached)), timeout)
-    return missing | unreached
+                    ", ".join(how.describe(r) for r in sorted(untold_now)), timeout)
+    if nobody:
+        log.info("rank %d: no goodbye awaited from %s: nothing listens there", how.rank,
+                 ", ".join(how.describe(r) for r in sorted(nobody)))
+    return missing | untold_now | nobody

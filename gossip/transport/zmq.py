@@ -452,8 +452,13 @@ class ZmqTransport(Transport):
         return self._ctx is not None and rank in self.linked and bool(self._links.up(rank))
 
     def _never_reached(self) -> set[int]:
+        return self._unreached() & self.linked
+
+    def _unreached(self) -> set[int]:
+        if self._ctx is None:
+            return set()
         self._links.read_all()
-        return self._links.never_up() & self.linked
+        return self._links.never_up()
 
     def close(self, linger: float = 0.0) -> None:
         # libzmq leaves the ipc socket file behind. Remove it while our TCP bind still guards

@@ -224,6 +224,20 @@ def test_a_join_at_the_end_of_the_run_ends_cleanly(asks, local_topology, run_pee
         assert (first, models) == (None, {})
 
 
+def test_a_joiner_that_gives_up_after_the_members_ended_leaves_at_once(local_topology, caplog):
+    """Started after the members ended (nothing listens at their addresses) and asked to
+    leave: it awaits no goodbye from them (it waited the whole 10 s, logged)."""
+    topology = local_topology("ring", 4)
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="gossip.transport"):
+        with Peer(3, topology, "ring-allreduce", timeout=TIMEOUT, dead_after=0.5, elastic=True,
+                  spares=1) as peer:
+            peer.request_leave()
+            assert peer.enter() is None
+    assert time.monotonic() - start < TIMEOUT / 2
+    assert "no goodbye" not in caplog.text
+
+
 def test_spares_need_elastic_and_only_spares_enter(local_topology):
     topology = local_topology("ring", 3)
     with pytest.raises(ConfigError, match="^spares must be"):

@@ -489,6 +489,19 @@ def test_shutdown_returns_silent_contacts_after_the_timeout(network):
 # -- ZeroMQ specifics ---------------------------------------------------------------------
 
 
+def test_shutdown_awaits_no_goodbye_from_a_contact_nothing_ever_listened_for(caplog):
+    """A joiner started after the members it asks ended: nothing listens at their
+    addresses, so it leaves once that is known (dead_after), not after the whole timeout."""
+    endpoints = [f"tcp://127.0.0.1:{port}" for port in free_ports(2)]
+    transport = ZmqTransport(0, endpoints, dead_after=0.3).open()
+    transport.send(1, Message(kind="ask", round=0))
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="gossip.transport"):
+        assert transport.shutdown(timeout=5.0, flush=0.0) == {1}
+    assert time.monotonic() - start < 3.0
+    assert "no goodbye" not in caplog.text
+
+
 @pytest.mark.parametrize("holder", ["zmq", "tcp listener"])
 def test_bind_on_an_address_in_use_names_it(holder):
     (port,) = free_ports(1)
