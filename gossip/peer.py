@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gossip import keys
+from gossip import keys, same_start
 from gossip.attacks import Attack, Attacker
 from gossip.device import HostStaging
 from gossip.errors import ConfigError, PeerNotOpen, TransportBusy
@@ -234,6 +234,7 @@ class Peer:
                                     receiver_checks_finite=strategy.checks_own_result)
         if strategy.needs_every_peer:  # one dead peer stops its rounds everywhere
             self.transport.membership.collective(strategy.kinds)
+            same_start.expect(self.transport)  # its check before round 0 (same_start.py)
         return strategy
 
     def rejoin(self, checkpoint_round: int) -> int:

@@ -61,15 +61,23 @@ def start_step(rank: int, size: int) -> Step:
     return Step(sends=(((rank + 1) % size, KIND, nbytes),), recvs=(((rank - 1) % size, KIND),))
 
 
+def expect(transport) -> None:
+    """Take the check's message from now on, before the run's first receive: a peer further
+    on sends its digest at its first step, maybe while this one still computes round 0 and
+    reads (nonblocking polls for STOPs), and a kind not taken yet would be rejected there (the
+    check then waited for it until the timeout)."""
+    transport.accept_kinds((KIND,))
+    transport.membership.collective((KIND,))  # a peer that refused stops everyone's check
+
+
 def check_same_start(peer, params: Iterable[torch.Tensor]) -> None:
-    """Raise ConfigError unless the previous rank's parameters equal ours (see the module).
+    """Raise ConfigError unless the previous rank's parameters equal ours (see the module);
+    its message is taken since ``expect``.
 
     Raises:
         ConfigError: they differ (the message names both ranks and the likely cause).
     """
     transport, rank, size = peer.transport, peer.rank, starting_members(peer)
-    transport.accept_kinds((KIND,))
-    transport.membership.collective((KIND,))  # a peer that refused stops everyone's check
     mine = parameter_digest(params)
     left = (rank - 1) % size
     transport.send((rank + 1) % size, Message(KIND, 0, meta={"digest": mine}))

@@ -8,7 +8,8 @@ import torch
 
 import gossip
 from gossip.errors import ConfigError, PeerGone
-from gossip.same_start import parameter_digest
+from gossip.same_start import check_same_start, parameter_digest
+from gossip.transport import LoopbackHub, Message
 from tests.support.peers import make_local_topology, open_peer, run_in_threads
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,3 +71,19 @@ def test_parameter_mixing_takes_different_starts():
     topology = make_local_topology("ring", 3)
     results = train(topology, "dpsgd", seeds=[0, 1, 2], attach=False)
     assert all(isinstance(r, str) for r in results), results
+
+
+def test_a_digest_that_comes_while_a_peer_still_computes_is_kept():
+    """Nonblocking polls for STOPs between its mini-batches, so a peer still computing
+    round 0 reads the digest a faster peer sent at its first step: it is kept for the check,
+    not rejected as a kind not expected yet (the check then waited until its timeout)."""
+    topology = make_local_topology("ring", 2)
+    hub = LoopbackHub(2)
+    model = mlp(0)
+    with open_peer(0, topology, "nonblocking", hub=hub, timeout=5.0) as fast, \
+            open_peer(1, topology, "nonblocking", hub=hub, timeout=5.0) as slow:
+        fast.transport.send(1, Message(
+            "start", 0, meta={"digest": parameter_digest(model.parameters())}))
+        assert not slow.stop_requested(0)  # reads the digest meanwhile
+        assert slow.transport.stats.messages_rejected == 0
+        check_same_start(slow, model.parameters())  # fast's digest is there
