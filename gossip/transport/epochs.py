@@ -236,6 +236,19 @@ class Epochs:
             log.warning("rank %d: cannot reach peer(s) %s: %s", self.rank, list(ids), exc)
             return False
 
+    def coordinator(self) -> int:
+        """The lowest id of the installed view not known gone (this member's knowledge):
+        who agrees on the next view, and who tells the others of a death."""
+        gone = self._gone()
+        return min((m for m in self.view.members if m not in gone), default=self.rank)
+
+    def audience(self) -> list[int]:
+        """Whom news of the membership concerns: the members of the installed view and of
+        one scheduled, and the peers asking to join, less those known gone and this one."""
+        scheduled = self.scheduled.members if self.scheduled is not None else ()
+        return sorted({*self.view.members, *scheduled, *self.asking} - self._gone()
+                      - {self.rank})
+
     def gone_for(self, round: int | None) -> list[int]:
         """Members that left before ``round`` (any round, for None), sorted."""
         return sorted(m for m, last in self.leaving.items()
@@ -420,8 +433,12 @@ class Epochs:
         if self.rank not in view.members:
             raise PeerGone(f"rank {self.rank}: the others went on without this peer (view "
                            f"{view.epoch}: {list(view.members)})", rank=self.rank)
-        log.warning("rank %d: view %d: %d peer(s) %s from round %d", self.rank, view.epoch,
-                    view.size, list(view.members), view.round)
+        # what changed, not the members: a 1,000-id list from every member was ~5 MB a view
+        before = set(self.view.members if self.history else view.members) - (
+            set() if self.history else {self.rank})  # a joiner: only itself joined
+        log.warning("rank %d: view %d: %d peer(s) from round %d, joined %s, gone %s",
+                    self.rank, view.epoch, view.size, view.round,
+                    sorted(set(view.members) - before), sorted(before - set(view.members)))
         self.view = view
         self.history.append(view)
         self._states.clear()
