@@ -90,9 +90,10 @@ class ElasticRounds:
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
+        before = self.view
         admitted = self.epochs.admit(round)
         if admitted is not None:
-            self.inner.regroup(admitted.slot(self.epochs.rank), admitted.members, admitted.epoch)
+            self._regroup(admitted, before)
         saved = self.inner.state_dict()  # e.g. a residual: a redo starts from it again
         while True:
             try:
@@ -103,8 +104,9 @@ class ElasticRounds:
                     carried = self.inner.carried()
                 break
             except (PeerGone, CollectiveAborted):
+                before = self.view
                 view = self.epochs.reform(round - 1, self.timeout)
-                self.inner.regroup(view.slot(self.epochs.rank), view.members, view.epoch)
+                self._regroup(view, before)
                 self._give(view)
                 if view.round == round:
                     self.inner.load_state_dict(saved)
@@ -179,9 +181,10 @@ class ElasticRounds:
             if msg.meta.get("hash") != _digest(data):
                 raise ProtocolError(f"rank {epochs.rank}: the state peer {donor} sent for view "
                                     f"{view.epoch} does not match its blake2b")
+            before = epochs.view  # its own, alone
             epochs.install(view)
             self._note_gone(msg.meta, donor, view.round - 1)
-            self.inner.regroup(view.slot(epochs.rank), view.members, view.epoch)
+            self._regroup(view, before)
             return view.round, data
 
     def finish(self) -> None:
@@ -195,6 +198,17 @@ class ElasticRounds:
         state = self.inner.state_dict()
         self.synchronize(torch.zeros_like(result), last + 1)  # the strategy's own length
         self.inner.load_state_dict(state)
+
+    def _regroup(self, view: View, before: View) -> None:
+        """Run the strategy on ``view``, installed in place of ``before``. Links to the
+        members it dropped are closed, the others' unlinked: the strategy links its
+        partners again (the neighbours it connects to, the peers it sends to), so only they
+        notice a death first-hand and leaving says goodbye to them alone. Peers still
+        asking to join keep theirs (they wait for this member's goodbye)."""
+        transport = self.inner.transport
+        transport.close_links(set(before.members) - set(view.members))
+        transport.unlink((transport.linked | transport.contacts) - self.epochs.asking)
+        self.inner.regroup(view.slot(self.epochs.rank), view.members, view.epoch)
 
     def _note_gone(self, meta, donor: int, round: int) -> None:
         """As a joiner: count gone the members its donor knew gone (``hand_over``)."""

@@ -55,9 +55,10 @@ class ElasticGossip(ElasticRounds):
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
+        before = self.view
         view = self.epochs.admit(round, margin=self.margin, departures=True)
         if view is not None:
-            self.inner.regroup(view.slot(self.epochs.rank), view.members, view.epoch)
+            self._regroup(view, before)
         result = self.inner.synchronize(x, round, out=out)
         self.kept = (round, result)  # the last round completed here (a leave says it)
         return result

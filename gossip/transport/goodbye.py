@@ -44,11 +44,15 @@ def leave(how: Leaving, timeout: float) -> set[int]:
     links to the peers only linked to. Returns the peers that did not say goodbye, or could
     not be told (dead, stuck, or never started)."""
     only_linked = how.linked - how.contacts
-    for dst in sorted((how.contacts | only_linked) - how.dead):  # the gone still wait for ours
-        try:
-            how.say_goodbye(dst)
-        except PeerTimeout:  # its queue is full: it is stuck, and told of nothing more
-            pass
+    told: set[int] = set()
+
+    def tell() -> None:  # also a contact made meanwhile (a late message): it waits for ours
+        for dst in sorted((how.contacts | only_linked) - how.dead - told):  # the gone too
+            told.add(dst)
+            try:
+                how.say_goodbye(dst)
+            except PeerTimeout:  # its queue is full: it is stuck, and told of nothing more
+                pass
 
     def silent() -> set[int]:  # lost peers (even only reported ones) say nothing more
         return how.contacts - only_linked - how.departed - how.lost()
@@ -58,9 +62,11 @@ def leave(how: Leaving, timeout: float) -> set[int]:
 
     clock = how.clock
     deadline = clock.monotonic() + timeout
+    tell()
     while (silent() or untold()) and clock.monotonic() < deadline:
         wait = deadline - clock.monotonic()
         how.wait(max(min(wait, LINK_CHECK_S) if untold() else wait, 0.0))
+        tell()
     missing, unreached = silent(), untold()
     if missing:
         log.warning("rank %d: no goodbye from %s within %g s", how.rank,
