@@ -156,6 +156,7 @@ class Epochs:
         self._offered: View | None = None  # a newer view from a live coordinator, not yet taken
         self.asking: set[int] = set()  # ids that asked to join and are not members yet
         self.scheduled: View | None = None  # a join's view, installed at its round
+        self.queued: list[View] = []  # newer ones, come while it waited: each at its round
         self._passed = 0  # the newest epoch proposed (maybe dropped): numbers never reused
         self.closing = False  # this member runs its closing round: it admits nobody more
         self._last: int | None = None  # as a member closing: the run's last round
@@ -222,7 +223,14 @@ class Epochs:
         if not self._located(view.members):
             return  # the coordinator's next view (a death) or join (asked again) goes on
         if view.joins or meta.get("due") is True:  # installed at its round, not at once
-            self.scheduled = view
+            if self.scheduled is not None and self.rank not in view.joins \
+                    and view.round > self.scheduled.round:
+                # its coordinator installed the one scheduled here and proposed the next (a
+                # gossip member may be diam rounds behind it, a joiner wait for its state):
+                # install both, in order
+                self.queued.append(view)
+            else:
+                self.scheduled = view
             self._passed = view.epoch
         elif self._offered is None or view.epoch > self._offered.epoch:
             self._offered = view
@@ -245,9 +253,13 @@ class Epochs:
     def audience(self) -> list[int]:
         """Whom news of the membership concerns: the members of the installed view and of
         one scheduled, and the peers asking to join, less those known gone and this one."""
-        scheduled = self.scheduled.members if self.scheduled is not None else ()
-        return sorted({*self.view.members, *scheduled, *self.asking} - self._gone()
+        return sorted({*self.view.members, *self._coming(), *self.asking} - self._gone()
                       - {self.rank})
+
+    def _coming(self) -> set[int]:
+        """The members of the views scheduled, not installed yet."""
+        scheduled = [self.scheduled] if self.scheduled is not None else []
+        return {m for view in scheduled + self.queued for m in view.members}
 
     def gone_for(self, round: int | None) -> list[int]:
         """Members that left before ``round`` (any round, for None), sorted."""
@@ -263,8 +275,7 @@ class Epochs:
         """This member completed round ``last`` and leaves: tell every other member, those
         of a join's view not installed yet too (its joiner would wait in that view's first
         round for this member)."""
-        scheduled = self.scheduled.members if self.scheduled is not None else ()
-        for dst in sorted({*self.view.members, *scheduled}):
+        for dst in sorted({*self.view.members, *self._coming()}):
             if dst != self.rank and dst not in self._gone():
                 self._send(dst, Message(LEAVE, max(last, 0), meta={"round": last}))
 
@@ -282,7 +293,9 @@ class Epochs:
         meanwhile) it also proposes one without the members known gone (dead or left)."""
         view = self.scheduled
         if view is not None and view.round <= round:
-            self.scheduled = None
+            while self.queued and self.queued[0].round <= round:  # due too: the newest wins
+                view = self.queued.pop(0)
+            self.scheduled = self.queued.pop(0) if self.queued else None
             self.asking -= set(view.members)
             return self._install(view)
         gone = self._gone()
@@ -334,7 +347,7 @@ class Epochs:
         handed = set()  # a view due right after the last round: its donors sent the state
         if self.scheduled is not None and self.scheduled.round == last + 1:
             handed = set(self.scheduled.joins)
-        self.scheduled, self.closing, self._last = None, True, last
+        self.scheduled, self.queued, self.closing, self._last = None, [], True, last
         self._end(sorted(self.asking - set(self.view.members) - handed))
 
     def _end(self, joiners) -> None:
@@ -344,7 +357,7 @@ class Epochs:
     def forget(self, view: View) -> None:
         """As a joiner: ``view``'s donor died before sending; wait for a newer view."""
         if self.scheduled == view:
-            self.scheduled = None
+            self.scheduled, self.queued = None, []
 
     def ended(self) -> bool:
         """As a joiner: whether the run is over for it: a member said it closed (``ctl.end``)
@@ -358,7 +371,8 @@ class Epochs:
 
     def install(self, view: View) -> View:
         """As a joiner: run on ``view`` (from ``admission``) from now on."""
-        self.scheduled = None
+        self.queued = [later for later in self.queued if later.epoch > view.epoch]
+        self.scheduled = self.queued.pop(0) if self.queued else None
         return self._install(view)
 
     # -- agreement ------------------------------------------------------------------------------
@@ -377,7 +391,7 @@ class Epochs:
         if self.scheduled is not None:  # a join not installed yet: dropped, asked again later
             log.warning("rank %d: dropped view %d (a join) for the agreement on a death",
                         self.rank, self.scheduled.epoch)
-            self.scheduled = None
+            self.scheduled, self.queued = None, []
         while True:
             if self._offered is not None:
                 view, self._offered = self._offered, None

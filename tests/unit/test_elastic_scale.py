@@ -1,0 +1,110 @@
+"""Elastic runs at scale (issue 28: 1,000 simulated peers with 10% churn per 100 rounds): a
+death is told once through the coordinator, a view install closes the links it dropped, and
+a member behind its coordinator installs every view in order."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+
+from gossip.clock import ManualClock
+from gossip.config import TrainConfig
+from gossip.launching.churn import parse
+from gossip.sim import Simulation, simulate_run
+from gossip.sim.transport import SimWorld
+from gossip.topology import Topology
+from gossip.transport.epochs import VIEW
+from gossip.transport.membership import GONE, Membership, Network
+from gossip.transport.message import Message
+
+
+def _membership(rank: int, size: int, sent: list, spares: int = 0) -> Membership:
+    network = Network(rank=rank, size=size, clock=ManualClock(),
+                      describe=lambda r: f"peer {r}",
+                      send=lambda dst, msg: sent.append((dst, msg)),
+                      resend=lambda *args: None, wait=lambda timeout: False,
+                      never_reached=set, restarted=lambda r: None,
+                      discard_before=lambda r: None)
+    membership = Membership(network)
+    membership.elastic(min_peers=1, spares=spares)
+    return membership
+
+
+def _gone(sent: list) -> list[tuple[int, int, bool]]:
+    """(destination, dead rank, relay asked) of each ctl.gone sent."""
+    return [(dst, msg.meta["rank"], msg.meta.get("relay") is True) for dst, msg in sent
+            if msg.kind == GONE]
+
+
+def test_a_death_is_told_to_the_coordinator_which_tells_every_member_once():
+    sent: list = []
+    noticer = _membership(5, 10, sent)
+    noticer.declare_dead(7, "its link broke")
+    # "I dropped you" to the dead one, the news to the coordinator (the lowest live id)
+    assert _gone(sent) == [(7, 7, False), (0, 7, True)]
+
+    sent.clear()
+    coordinator = _membership(0, 10, sent)
+    relay = Message(GONE, 3, meta={"rank": 7, "why": "its link broke", "relay": True}, src=5)
+    coordinator.control(relay)
+    assert sorted(dst for dst, rank, _ in _gone(sent)) == [1, 2, 3, 4, 5, 6, 8, 9]
+    sent.clear()
+    coordinator.control(Message(GONE, 3, meta=relay.meta, src=6))  # a second noticer
+    coordinator.declare_dead(7, "its link broke")  # and its own evidence
+    assert _gone(sent) == [(7, 7, False)]  # nobody is told twice
+
+
+def test_a_noticer_tells_the_next_coordinator_when_the_one_it_told_dies():
+    sent: list = []
+    noticer = _membership(5, 10, sent)
+    noticer.declare_dead(7, "its link broke")
+    sent.clear()
+    # the coordinator it told died (maybe before telling anyone): the next one hears it
+    noticer.control(Message(GONE, 3, meta={"rank": 0, "why": "gone"}, src=2))
+    assert _gone(sent) == [(1, 7, True)]
+
+
+def test_a_report_asked_of_a_member_goes_on_down_to_its_coordinator():
+    sent: list = []
+    member = _membership(3, 10, sent)
+    member.control(Message(GONE, 3, meta={"rank": 0, "why": "gone"}, src=2))
+    assert _gone(sent) == []  # a plain report: nothing to pass on
+    member.control(Message(GONE, 3, meta={"rank": 8, "why": "gone", "relay": True}, src=9))
+    assert _gone(sent) == [(1, 8, True)]  # it thought 3 coordinated; 1 does
+
+
+def _view(epoch: int, members, round: int, joins=()) -> Message:
+    return Message(VIEW, 0, src=0, meta={"e": epoch, "members": list(members), "round": round,
+                                         "acks": [], "joins": [list(j) for j in joins],
+                                         "due": True})
+
+
+def test_a_member_behind_installs_each_view_proposed_in_order():
+    """A gossip member may be diam rounds behind the coordinator, which installs a view and
+    proposes the next at once: the newer one came before the older one's round here and
+    replaced it, so this member skipped a view its neighbours ran on."""
+    epochs = _membership(4, 8, []).epochs
+    epochs.control(_view(1, range(7), 10))
+    epochs.control(_view(2, range(6), 20))
+    assert epochs.admit(9) is None
+    assert epochs.admit(10).epoch == 1
+    assert epochs.admit(19) is None
+    assert epochs.admit(20).epoch == 2
+    assert epochs.scheduled is None and epochs.queued == []
+
+
+def test_a_joiner_waiting_for_its_state_keeps_the_next_view_for_after_its_own():
+    joiner = _membership(7, 8, [], spares=1).epochs
+    joiner.control(_view(1, range(8), 10, joins=[(7, 2)]))
+    joiner.control(_view(2, [0, 1, 2, 4, 5, 6, 7], 20))  # the next, without 3
+    admitted = joiner.admission(1.0)
+    assert admitted.epoch == 1
+    joiner.install(admitted)
+    assert joiner.scheduled.epoch == 2
+    assert joiner.admit(20).epoch == 2
+    # a view admitting it again (the members dropped the first) replaces the one waited on
+    again = _membership(7, 8, [], spares=1).epochs
+    again.control(_view(1, range(8), 10, joins=[(7, 2)]))
+    again.control(_view(3, range(8), 30, joins=[(7, 4)]))
+    assert again.admission(1.0).epoch == 3 and again.queued == []
