@@ -162,11 +162,14 @@ class ElasticRounds:
             if view is None:
                 return None
             donor = view.joins[epochs.rank]
+            transport.connect([donor])  # its death is noticed here (it may be no first member)
             try:
                 msg = transport.recv(src=donor, kind=self.handover_kind, round=view.round - 1,
                                      timeout=max(min(WAKE_S, left), 1e-3))
-            except PeerGone:  # the donor died: the members agree without it, then admit again
-                epochs.forget(view)
+            except PeerGone:  # the donor died or left before sending
+                if self.donor_lost(view):
+                    return None
+                epochs.forget(view)  # the members agree without it, then admit it again
                 continue
             except PeerTimeout:
                 if epochs.ended():
@@ -186,6 +189,12 @@ class ElasticRounds:
             self._note_gone(msg.meta, donor, view.round - 1)
             self._regroup(view, before)
             return view.round, data
+
+    def donor_lost(self, view: View) -> bool:
+        """As a joiner whose donor ``view`` named died before sending its state: True if it
+        gives up. Here it waits: a death makes the members agree on a view without the
+        donor, which drops ``view`` everywhere, and a later one admits this peer."""
+        return False
 
     def finish(self) -> None:
         """A last round of zeros with every member (see the module docstring); the

@@ -354,6 +354,15 @@ class Epochs:
         for dst in joiners:
             self._send(dst, Message(END, max(self._last, 0), meta={"round": self._last}))
 
+    def withdraw(self, view: View) -> None:
+        """As a joiner: leave ``view`` before its first round (its donor died before sending
+        the state): its members count this peer gone from that round on."""
+        self.forget(view)
+        for dst in view.members:
+            if dst != self.rank and dst not in self._gone():
+                self._send(dst, Message(LEAVE, max(view.round - 1, 0),
+                                        meta={"round": view.round - 1}))
+
     def forget(self, view: View) -> None:
         """As a joiner: ``view``'s donor died before sending; wait for a newer view."""
         if self.scheduled == view:

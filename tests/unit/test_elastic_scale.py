@@ -108,3 +108,21 @@ def test_a_joiner_waiting_for_its_state_keeps_the_next_view_for_after_its_own():
     again.control(_view(1, range(8), 10, joins=[(7, 2)]))
     again.control(_view(3, range(8), 30, joins=[(7, 4)]))
     assert again.admission(1.0).epoch == 3 and again.queued == []
+
+
+def test_a_gossip_joiner_whose_donor_dies_before_its_state_leaves_the_view(tmp_path):
+    """dpsgd on a ring of 5 (a view activates 2 diam + 2 = 6 rounds after its proposal):
+    the joiner's donor is killed before it sends the state. The members install the view
+    anyway (no agreement in gossip); the joiner leaves it before its first round, so they
+    drop it as a departure instead of waiting for it (and then declaring it dead)."""
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 16, "batch_size": 8,
+                                    "seed": 3, "elastic": True, "spares": 1,
+                                    "dead_after": 0.5, "timeout": 30,
+                                    "delays": {"compute": 0.1}})
+    run = simulate_run(config, Topology.generate("ring", 6), tmp_path, Simulation(),
+                       churn=parse("join@1,kill:1@4", 5), write=False)
+    assert run.failed == {} and run.killed == [1]
+    assert run.records[5] == []  # it ran no round
+    for rank in (0, 2, 3, 4):
+        assert max(line["round"] for line in run.records[rank]) == 15
+    assert run.virtual_s < 10  # nobody sat out a timeout
