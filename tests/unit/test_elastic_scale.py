@@ -126,3 +126,40 @@ def test_a_gossip_joiner_whose_donor_dies_before_its_state_leaves_the_view(tmp_p
     for rank in (0, 2, 3, 4):
         assert max(line["round"] for line in run.records[rank]) == 15
     assert run.virtual_s < 10  # nobody sat out a timeout
+
+
+def test_at_40_peers_a_kill_costs_o_p_messages_and_the_views_close_its_links(tmp_path,
+                                                                            monkeypatch, caplog):
+    """dpsgd on an exponential graph of 40 (degree ~10), two kills, a leave and two joins:
+    each death is noticed first-hand by the peers linked to the dead one (its neighbours
+    and a few the control messages linked since the last view), not by every peer that ever
+    told of one; ctl.gone messages are O(P) a kill (they were noticers x ranks); once a
+    view dropped a peer, no survivor is linked to it any more."""
+    transports = []
+    made = SimWorld.transport
+
+    def keep(world, rank, **kwargs):
+        transport = made(world, rank, **kwargs)
+        transports.append(transport)
+        return transport
+
+    monkeypatch.setattr(SimWorld, "transport", keep)
+    events = parse("join@2,kill:5@3,leave:9@5,join@9,kill:20@14", 40)
+    config = TrainConfig.from_dict({"strategy": "dpsgd", "rounds": 30, "batch_size": 8,
+                                    "seed": 3, "elastic": True, "spares": 2,
+                                    "dead_after": 0.5, "timeout": 30,
+                                    "delays": {"compute": 0.1}})
+    with caplog.at_level(logging.WARNING, logger="gossip"):
+        run = simulate_run(config, Topology.generate("exponential", 42), tmp_path,
+                           Simulation(probe="oracle"), churn=events, write=False)
+    assert run.failed == {} and run.killed == [5, 20]
+    noticed = Counter(int(m[1]) for m in re.finditer(r"peer (\d+) is dead \(noticed",
+                                                       caplog.text))
+    assert set(noticed) == {5, 20}
+    assert noticed[20] <= 18, noticed  # after a view: its neighbours (degree ~10) and few more
+    gone = sum(stats["by_kind"].get(GONE, {}).get("messages_sent", 0)
+               for stats in run.stats.values())
+    assert gone <= 2 * 3 * 42, gone  # noticers + P per kill; it was ~noticers x 42
+    for transport in transports:
+        if transport.rank not in (5, 9, 20):
+            assert not {5, 9, 20} & (transport.linked | transport.contacts), transport.rank
