@@ -8,12 +8,16 @@ import logging
 import re
 from collections import Counter
 
+import networkx as nx
+from click.testing import CliRunner
+
+from gossip.cli import main
 from gossip.clock import ManualClock
 from gossip.config import TrainConfig
 from gossip.launching.churn import parse
 from gossip.sim import Simulation, simulate_run
 from gossip.sim.transport import SimWorld
-from gossip.topology import Topology
+from gossip.topology import Topology, generators
 from gossip.transport.epochs import VIEW
 from gossip.transport.membership import GONE, Membership, Network
 from gossip.transport.message import Message
@@ -163,3 +167,18 @@ def test_at_40_peers_a_kill_costs_o_p_messages_and_the_views_close_its_links(tmp
     for transport in transports:
         if transport.rank not in (5, 9, 20):
             assert not {5, 9, 20} & (transport.linked | transport.contacts), transport.rank
+
+
+def test_a_torus_without_rows_and_cols_takes_the_views_shape_at_its_size(tmp_path):
+    """``--graph torus --peers N``: a run whose spares the seed draws (``--churn random:``)
+    has no rows x cols to give; its torus is the one a view of N members takes."""
+    assert nx.utils.graphs_equal(Topology.generate("torus", 12).graph,
+                                 generators.torus(rows=3, cols=4))
+    assert nx.utils.graphs_equal(Topology.generate("torus", 7).graph,
+                                 generators.near_torus(7))  # the circulant: 7 is prime
+    out = CliRunner().invoke(main, [
+        "simulate", "--graph", "torus", "--peers", "6", "--strategy", "dpsgd", "--elastic",
+        "--churn", "random:40%/4", "--rounds", "8", "--batch-size", "8", "--dead-after", "0.5",
+        "--compute-delay", "0.1", "--quiet", "--run-dir", str(tmp_path / "run")])
+    assert out.exit_code == 0, out.output
+    assert "8 simulated peers, torus-8" in out.output
