@@ -156,6 +156,9 @@ class ElasticRounds:
         epochs, transport = self.epochs, self.inner.transport
         deadline = transport.clock.monotonic() + self.timeout
         epochs.ask()
+        # Asked, not worked with: their deaths reach it from the coordinator (it is in the
+        # audience), not first-hand from every epoch-0 member (each death at 1,000 peers)
+        transport.unlink(epochs.first)
         while True:
             left = deadline - transport.clock.monotonic()
             view = epochs.admission(max(left, 0.0), stop)
