@@ -106,8 +106,8 @@ def generated_topology(kind: str, peers: int | None, graph_options):
     from gossip.topology import Topology, generators
 
     params = key_values("--graph-option", None, graph_options)
-    if peers is None and not (params and generators.size_implied(kind)):
-        peers = DEFAULT_PEERS
+    if peers is None and not generators.size_implied(kind):
+        peers = DEFAULT_PEERS  # a torus takes its size from rows x cols, or --peers
     try:
         return Topology.generate(kind, peers, **params)
     except TopologyError as exc:

@@ -262,15 +262,17 @@ def _peer_main(world: SimWorld, rank: int, topology, config: TrainConfig,
                   attack=attack, elastic=config.elastic, min_peers=config.min_peers,
                   spares=config.spares) as node:
             peers[rank] = node
-            trainer = Trainer(node, config, on_round=lambda line: recorded(rank, line))
-            trainer.delays = world.compute.delays(trainer.delays)
-            if meetings is not None:
-                trainer.consensus = OracleProbe(meetings, node, trainer.task)
-            if join:
-                trainer.enter()
-            last = runner(trainer).run()  # an asynchronous strategy's budgets too
-            stats[rank] = node.stats  # before the goodbyes
-            del peers[rank]
+            try:  # a killed or failed peer leaves the map too (its model, its messages)
+                trainer = Trainer(node, config, on_round=lambda line: recorded(rank, line))
+                trainer.delays = world.compute.delays(trainer.delays)
+                if meetings is not None:
+                    trainer.consensus = OracleProbe(meetings, node, trainer.task)
+                if join:
+                    trainer.enter()
+                last = runner(trainer).run()  # an asynchronous strategy's budgets too
+                stats[rank] = node.stats  # before the goodbyes
+            finally:
+                del peers[rank]
         return {} if last is None else last.as_dict()
     return run
 

@@ -157,9 +157,10 @@ class SimTransport(Transport):
         ended = self.world.ended_at
         if not ended:
             return ()
-        # over the ended, not the linked: after a death's news every peer is linked to all
+        # the peers we work with, as ZeroMQ judges them: sent to, connected to or heard from
         return ((rank, when + self.dead_after) for rank, when in ended.items()
-                if rank in self.linked and rank not in self.departed and rank not in self._judged)
+                if (rank in self.linked or rank in self.contacts) and rank not in self.departed
+                and rank not in self._judged)
 
     def _next_judgement(self) -> float:
         return min((when for _, when in self._suspects()), default=float("inf"))

@@ -90,9 +90,10 @@ class ElasticRounds:
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
+        before = self.view
         admitted = self.epochs.admit(round, timeout=self.timeout)
         if admitted is not None:
-            self.inner.regroup(admitted.slot(self.epochs.rank), admitted.members, admitted.epoch)
+            self._regroup(admitted, before)
         saved = self.inner.state_dict()  # e.g. a residual: a redo starts from it again
         while True:
             try:
@@ -103,8 +104,9 @@ class ElasticRounds:
                     carried = self.inner.carried()
                 break
             except (PeerGone, CollectiveAborted):
+                before = self.view
                 view = self.epochs.reform(round - 1, self.timeout)
-                self.inner.regroup(view.slot(self.epochs.rank), view.members, view.epoch)
+                self._regroup(view, before)
                 self._give(view)
                 if view.round == round:
                     self.inner.load_state_dict(saved)
@@ -154,17 +156,23 @@ class ElasticRounds:
         epochs, transport = self.epochs, self.inner.transport
         deadline = transport.clock.monotonic() + self.timeout
         epochs.ask()
+        # Asked, not worked with: their deaths reach it from the coordinator (it is in the
+        # audience), not first-hand from every epoch-0 member (each death at 1,000 peers)
+        transport.unlink(epochs.first)
         while True:
             left = deadline - transport.clock.monotonic()
             view = epochs.admission(max(left, 0.0), stop)
             if view is None:
                 return None
             donor = view.joins[epochs.rank]
+            transport.connect([donor])  # its death is noticed here (it may be no first member)
             try:
                 msg = transport.recv(src=donor, kind=self.handover_kind, round=view.round - 1,
                                      timeout=max(min(WAKE_S, left), 1e-3))
-            except PeerGone:  # the donor died: the members agree without it, then admit again
-                epochs.forget(view)
+            except PeerGone:  # the donor died or left before sending
+                if self.donor_lost(view):
+                    return None
+                epochs.forget(view)  # the members agree without it, then admit it again
                 continue
             except PeerTimeout:
                 if epochs.ended():
@@ -179,10 +187,17 @@ class ElasticRounds:
             if msg.meta.get("hash") != _digest(data):
                 raise ProtocolError(f"rank {epochs.rank}: the state peer {donor} sent for view "
                                     f"{view.epoch} does not match its blake2b")
+            before = epochs.view  # its own, alone
             epochs.install(view)
             self._note_gone(msg.meta, donor, view.round - 1)
-            self.inner.regroup(view.slot(epochs.rank), view.members, view.epoch)
+            self._regroup(view, before)
             return view.round, data
+
+    def donor_lost(self, view: View) -> bool:
+        """As a joiner whose donor ``view`` named died before sending its state: True if it
+        gives up. Here it waits: a death makes the members agree on a view without the
+        donor, which drops ``view`` everywhere, and a later one admits this peer."""
+        return False
 
     def finish(self) -> None:
         """A last round of zeros with every member (see the module docstring); the
@@ -195,6 +210,17 @@ class ElasticRounds:
         state = self.inner.state_dict()
         self.synchronize(torch.zeros_like(result), last + 1)  # the strategy's own length
         self.inner.load_state_dict(state)
+
+    def _regroup(self, view: View, before: View) -> None:
+        """Run the strategy on ``view``, installed in place of ``before``. Links to the
+        members it dropped are closed, the others' unlinked: the strategy links its
+        partners again (the neighbours it connects to, the peers it sends to), so only they
+        notice a death first-hand and leaving says goodbye to them alone. Peers still
+        asking to join keep theirs (they wait for this member's goodbye)."""
+        transport = self.inner.transport
+        transport.close_links(set(before.members) - set(view.members))
+        transport.unlink((transport.linked | transport.contacts) - self.epochs.asking)
+        self.inner.regroup(view.slot(self.epochs.rank), view.members, view.epoch)
 
     def _note_gone(self, meta, donor: int, round: int) -> None:
         """As a joiner: count gone the members its donor knew gone (``hand_over``)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from gossip.strategies.elastic import ElasticRounds
-from gossip.transport.epochs import Epochs
+from gossip.transport.epochs import Epochs, View
 
 
 class ElasticGossip(ElasticRounds):
@@ -55,13 +55,21 @@ class ElasticGossip(ElasticRounds):
 
     def synchronize(self, x: torch.Tensor, round: int, *,
                     out: torch.Tensor | None = None) -> torch.Tensor:
+        before = self.view
         view = self.epochs.admit(round, timeout=self.timeout, margin=self.margin,
                                  departures=True)
         if view is not None:
-            self.inner.regroup(view.slot(self.epochs.rank), view.members, view.epoch)
+            self._regroup(view, before)
         result = self.inner.synchronize(x, round, out=out)
         self.kept = (round, result)  # the last round completed here (a leave says it)
         return result
+
+    def donor_lost(self, view: View) -> bool:
+        """The members install ``view`` whatever happened to the donor (no agreement), and
+        would wait in its first round for this peer: it leaves the view before that round
+        instead (they drop it as a departure, not a death) and ends without a round."""
+        self.epochs.withdraw(view)
+        return True
 
     def finish(self) -> None:
         """Nothing to run with the others (no round is adopted); a view due after the

@@ -78,13 +78,23 @@ def exponential(n: int) -> nx.Graph:
 
 
 @GENERATORS.register("torus")
-def torus(n: int | None = None, *, rows: int, cols: int) -> nx.Graph:
+def torus(n: int | None = None, *, rows: int | None = None, cols: int | None = None) -> nx.Graph:
     """2-D wrap-around grid; rank ``r * cols + c`` sits at row r, column c.
 
     A side of length 1 adds no edges along it and a side of length 2 adds one (the
     wrap-around coincides with the direct link), so there are never self-loops or
-    duplicate edges. ``n`` defaults to ``rows * cols`` and must equal it if given.
+    duplicate edges. ``n`` defaults to ``rows * cols`` and must equal it if given; without
+    ``rows`` and ``cols`` it is ``near_torus(n)``, the shape an elastic view takes (a run
+    with spares drawn by the seed, e.g. ``--churn random:``, has no rows x cols to give).
     """
+    if rows is None and cols is None:
+        if n is None:
+            raise TopologyError("torus: missing parameter 'rows'")  # or n
+        return near_torus(_positive_int("torus", "n", n))
+    if rows is None or cols is None:
+        missing = "cols" if cols is None else "rows"
+        raise TopologyError(f"torus: missing parameter {missing!r} (give rows and cols, or "
+                            f"neither)")
     rows = _positive_int("torus", "rows", rows)
     cols = _positive_int("torus", "cols", cols)
     if n is None:

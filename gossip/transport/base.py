@@ -154,6 +154,19 @@ class Transport(ABC):
         """Open the connections to ``ranks`` now rather than at the first send, so that a
         peer dying before we ever send to it is noticed too."""
 
+    def unlink(self, ranks) -> None:
+        """This peer no longer works with ``ranks`` (an elastic view moved its edges): their
+        deaths are not its to notice, and leaving says them no goodbye (both ends of an edge
+        install the same view). A later message links again."""
+        for rank in ranks:
+            self.linked.discard(rank)
+            self.contacts.discard(rank)
+
+    def close_links(self, ranks) -> None:
+        """``ranks`` are out of the run for good (a view dropped them; ids are never reused):
+        unlink them and release what connects this peer to them."""
+        self.unlink(ranks)
+
     # -- public API -----------------------------------------------------------------------
     def accept_kinds(self, kinds: Sequence[str], *, receiver_checks_finite: bool = False) -> None:
         """Also accept messages of these kinds from now on.

@@ -166,6 +166,7 @@ class Epochs:
         # as the coordinator: its proposal not yet held by every member (view, round proposed)
         self._unheld: tuple[View, int] | None = None
         self._held: set[int] = set()  # members that said they hold it (ctl.held)
+        self.queued: list[View] = []  # newer ones, come while it waited: each at its round
         self._passed = 0  # the newest epoch proposed (maybe dropped): numbers never reused
         self.closing = False  # this member runs its closing round: it admits nobody more
         self._last: int | None = None  # as a member closing: the run's last round
@@ -238,7 +239,14 @@ class Epochs:
         if not self._located(view.members):
             return  # the coordinator's next view (a death) or join (asked again) goes on
         if view.joins or meta.get("due") is True:  # installed at its round, not at once
-            self.scheduled = view
+            if self.scheduled is not None and self.rank not in view.joins \
+                    and view.round > self.scheduled.round:
+                # its coordinator installed the one scheduled here and proposed the next (a
+                # gossip member may be diam rounds behind it, a joiner wait for its state):
+                # install both, in order
+                self.queued.append(view)
+            else:
+                self.scheduled = view
             self._passed = view.epoch
             self._send(msg.src, Message(HELD, max(view.round, 0), meta={"e": view.epoch}))
         elif self._offered is None or view.epoch > self._offered.epoch:
@@ -252,6 +260,23 @@ class Epochs:
         except Exception as exc:  # noqa: BLE001 - a store that failed: this change waits
             log.warning("rank %d: cannot reach peer(s) %s: %s", self.rank, list(ids), exc)
             return False
+
+    def coordinator(self) -> int:
+        """The lowest id of the installed view not known gone (this member's knowledge):
+        who agrees on the next view, and who tells the others of a death."""
+        gone = self._gone()
+        return min((m for m in self.view.members if m not in gone), default=self.rank)
+
+    def audience(self) -> list[int]:
+        """Whom news of the membership concerns: the members of the installed view and of
+        one scheduled, and the peers asking to join, less those known gone and this one."""
+        return sorted({*self.view.members, *self._coming(), *self.asking} - self._gone()
+                      - {self.rank})
+
+    def _coming(self) -> set[int]:
+        """The members of the views scheduled, not installed yet."""
+        scheduled = [self.scheduled] if self.scheduled is not None else []
+        return {m for view in scheduled + self.queued for m in view.members}
 
     def gone_for(self, round: int | None) -> list[int]:
         """Members that left before ``round`` (any round, for None), sorted."""
@@ -267,8 +292,7 @@ class Epochs:
         """This member completed round ``last`` and leaves: tell every other member, those
         of a join's view not installed yet too (its joiner would wait in that view's first
         round for this member)."""
-        scheduled = self.scheduled.members if self.scheduled is not None else ()
-        for dst in sorted({*self.view.members, *scheduled}):
+        for dst in sorted({*self.view.members, *self._coming()}):
             if dst != self.rank and dst not in self._gone():
                 self._send(dst, Message(LEAVE, max(last, 0), meta={"round": last}))
 
@@ -288,7 +312,9 @@ class Epochs:
         the members known gone (dead or left)."""
         view = self.scheduled
         if view is not None and view.round <= round:
-            self.scheduled = None
+            while self.queued and self.queued[0].round <= round:  # due too: the newest wins
+                view = self.queued.pop(0)
+            self.scheduled = self.queued.pop(0) if self.queued else None
             self.asking -= set(view.members)
             return self._install(view)
         if self._unheld is not None and round > self._unheld[1]:
@@ -361,17 +387,26 @@ class Epochs:
         handed = set()  # a view due right after the last round: its donors sent the state
         if self.scheduled is not None and self.scheduled.round == last + 1:
             handed = set(self.scheduled.joins)
-        self.scheduled, self.closing, self._last = None, True, last
+        self.scheduled, self.queued, self.closing, self._last = None, [], True, last
         self._end(sorted(self.asking - set(self.view.members) - handed))
 
     def _end(self, joiners) -> None:
         for dst in joiners:
             self._send(dst, Message(END, max(self._last, 0), meta={"round": self._last}))
 
+    def withdraw(self, view: View) -> None:
+        """As a joiner: leave ``view`` before its first round (its donor died before sending
+        the state): its members count this peer gone from that round on."""
+        self.forget(view)
+        for dst in view.members:
+            if dst != self.rank and dst not in self._gone():
+                self._send(dst, Message(LEAVE, max(view.round - 1, 0),
+                                        meta={"round": view.round - 1}))
+
     def forget(self, view: View) -> None:
         """As a joiner: ``view``'s donor died before sending; wait for a newer view."""
         if self.scheduled == view:
-            self.scheduled = None
+            self.scheduled, self.queued = None, []
 
     def ended(self) -> bool:
         """As a joiner: whether the run is over for it: a member said it closed (``ctl.end``)
@@ -385,7 +420,8 @@ class Epochs:
 
     def install(self, view: View) -> View:
         """As a joiner: run on ``view`` (from ``admission``) from now on."""
-        self.scheduled = None
+        self.queued = [later for later in self.queued if later.epoch > view.epoch]
+        self.scheduled = self.queued.pop(0) if self.queued else None
         return self._install(view)
 
     # -- agreement ------------------------------------------------------------------------------
@@ -404,7 +440,7 @@ class Epochs:
         if self.scheduled is not None:  # a join not installed yet: dropped, asked again later
             log.warning("rank %d: dropped view %d (a join) for the agreement on a death",
                         self.rank, self.scheduled.epoch)
-            self.scheduled = None
+            self.scheduled, self.queued = None, []
         while True:
             if self._offered is not None:
                 view, self._offered = self._offered, None
@@ -460,8 +496,12 @@ class Epochs:
         if self.rank not in view.members:
             raise PeerGone(f"rank {self.rank}: the others went on without this peer (view "
                            f"{view.epoch}: {list(view.members)})", rank=self.rank)
-        log.warning("rank %d: view %d: %d peer(s) %s from round %d", self.rank, view.epoch,
-                    view.size, list(view.members), view.round)
+        # what changed, not the members: a 1,000-id list from every member was ~5 MB a view
+        before = set(self.view.members if self.history else view.members) - (
+            set() if self.history else {self.rank})  # a joiner: only itself joined
+        log.warning("rank %d: view %d: %d peer(s) from round %d, joined %s, gone %s",
+                    self.rank, view.epoch, view.size, view.round,
+                    sorted(set(view.members) - before), sorted(before - set(view.members)))
         self.view = view
         self.history.append(view)
         self._states.clear()

@@ -47,11 +47,15 @@ def leave(how: Leaving, timeout: float) -> set[int]:
     links to the peers only linked to. Returns the peers that did not say goodbye, or could
     not be told (dead, stuck, or never started)."""
     only_linked = how.linked - how.contacts
-    for dst in sorted((how.contacts | only_linked) - how.dead):  # the gone still wait for ours
-        try:
-            how.say_goodbye(dst)
-        except PeerTimeout:  # its queue is full: it is stuck, and told of nothing more
-            pass
+    told: set[int] = set()
+
+    def tell() -> None:  # also a contact made meanwhile (a late message): it waits for ours
+        for dst in sorted((how.contacts | only_linked) - how.dead - told):  # the gone too
+            told.add(dst)
+            try:
+                how.say_goodbye(dst)
+            except PeerTimeout:  # its queue is full: it is stuck, and told of nothing more
+                pass
 
     def silent() -> set[int]:  # lost peers (even only reported ones) say nothing more
         return how.contacts - only_linked - how.departed - how.lost() - how.unreached()
@@ -61,9 +65,11 @@ def leave(how: Leaving, timeout: float) -> set[int]:
 
     clock = how.clock
     deadline = clock.monotonic() + timeout
+    tell()
     while (silent() or untold()) and clock.monotonic() < deadline:
         # in short steps: a link may be found never to come up while nothing arrives
         how.wait(max(min(deadline - clock.monotonic(), LINK_CHECK_S), 0.0))
+        tell()
     missing, untold_now = silent(), untold()
     nobody = (how.contacts - only_linked - how.departed - how.lost()) & how.unreached()
     if missing:

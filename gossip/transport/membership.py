@@ -3,11 +3,15 @@
 Control messages (kinds accepted by every transport, handled inside it, never returned by
 ``recv``):
 
-* ``ctl.gone {rank, why}``: the sender declared ``rank`` dead (its own evidence: its link to
-  it broke and stayed broken). Sent to every other peer, so that all-peer exchanges (ring
-  all-reduce, sparse all-reduce, the consensus probe) stop everywhere instead of waiting for
-  a message that depends on the dead peer. To the dead peer itself it says "I dropped you":
-  if it is in fact alive, it drops the sender too, so no edge is used by one end only.
+* ``ctl.gone {rank, why[, relay]}``: the sender declared ``rank`` dead (its own evidence: its
+  link to it broke and stayed broken). Sent to every other peer, so that all-peer exchanges
+  (ring all-reduce, sparse all-reduce, the consensus probe) stop everywhere instead of
+  waiting for a message that depends on the dead peer. To the dead peer itself it says "I
+  dropped you": if it is in fact alive, it drops the sender too, so no edge is used by one
+  end only. In an elastic run a death is told once: each peer that notices it first-hand
+  sends it (``relay``) to the view's coordinator only, which tells the others the first time
+  it hears of it (``Epochs.audience``): O(P) messages a death, where every noticer telling
+  every rank was O(P^2) at 1,000 peers.
 * ``ctl.join {round, endpoint?}``: the sender restarted from its checkpoint of ``round``,
   listening at ``endpoint`` if it moved (a rendezvous gave it a new address).
 * ``ctl.welcome {round, lost, dropped, restarting}``: the answer: the round this peer is at,
@@ -121,6 +125,7 @@ class Membership:
         self._welcomes: dict[int, Mapping] = {}
         self._rejoining = False
         self.epochs: Epochs | None = None  # an elastic run's views (``elastic``)
+        self._relayed: dict[int, int] = {}  # a death noticed here -> the coordinator told
         self._reachable: Callable[[int], bool] = lambda rank: True  # has an address
 
     # -- configuration ----------------------------------------------------------------------
@@ -164,13 +169,43 @@ class Membership:
         return {rank for rank, loss in self.lost.items() if loss.firsthand}
 
     def declare_dead(self, rank: int, reason: str) -> None:
-        """This peer's own verdict: ``rank`` is dead. Logged once, told to every other peer."""
+        """This peer's own verdict: ``rank`` is dead. Logged once, told to every other peer
+        (in an elastic run through the coordinator, unless it was told already)."""
         if rank in self.lost and self.lost[rank].firsthand:
             return
+        heard = rank in self.lost
         self.lost[rank] = Loss(rank, self.round, reason, True)
         log.warning("rank %d: %s is dead (noticed at round %d): %s", self._net.rank,
                     self._net.describe(rank), self.round, reason)
-        self._broadcast(GONE, {"rank": rank, "why": reason}, include=rank)
+        if self.epochs is None:
+            self._broadcast(GONE, {"rank": rank, "why": reason}, include=rank)
+            return
+        if self._reachable(rank):
+            self._send(rank, GONE, {"rank": rank, "why": reason})  # "I dropped you"
+        if not heard:  # a report came through the coordinator, which told every member
+            self._relay(rank, reason)
+        self._retell(rank)
+
+    def _relay(self, rank: int, why: str) -> None:
+        """Tell the view of ``rank``'s death: every member, as the coordinator; else the
+        coordinator, which does. Ids below the coordinator are gone, so a report passed on
+        goes to ever lower ids and ends."""
+        coordinator = self.epochs.coordinator()
+        if coordinator != self._net.rank:
+            self._relayed[rank] = coordinator
+            self._send(coordinator, GONE, {"rank": rank, "why": why, "relay": True})
+            return
+        for dst in self.epochs.audience():
+            if dst != rank and self._reachable(dst):
+                self._send(dst, GONE, {"rank": rank, "why": why})
+
+    def _retell(self, gone: int) -> None:
+        """``gone`` is lost: the deaths this peer noticed and told it alone (as the
+        coordinator, which may have died before telling the others) go to the next one."""
+        for rank, told in list(self._relayed.items()):
+            if told == gone:
+                del self._relayed[rank]
+                self._relay(rank, self.lost[rank].reason)
 
     def note_lost(self, rank: int, round: int, reason: str) -> None:
         """Count ``rank`` lost on known grounds (e.g. a checkpoint's record), quietly."""
@@ -268,6 +303,10 @@ class Membership:
                                        False)
                 log.info("rank %d: peer %d reports %s dead: %s", self._net.rank, src,
                          self._net.describe(rank), why)
+                if self.epochs is not None:
+                    if meta.get("relay") is True:  # a noticer's: tell the view
+                        self._relay(rank, why)
+                    self._retell(rank)
         elif msg.kind == JOIN:
             if "endpoint" in meta:  # before the welcome, which goes there
                 self._net.moved(src, meta["endpoint"])

@@ -240,6 +240,13 @@ class ZmqTransport(Transport):
         self._connected()
         self.linked.update(dst for dst in ranks if dst != self.rank)
 
+    def close_links(self, ranks) -> None:
+        super().close_links(ranks)
+        for rank in ranks:  # its receiving socket and monitor (a dead peer's would retry)
+            if self._inbound is not None and rank in self._inbound:
+                self._links.forget(rank)
+                self._disconnect(rank)
+
     def _send_frames(self, dst: int, header: bytes, frames: list, track: bool = False,
                      received=()) -> list:
         if self._outbox is None:
