@@ -91,10 +91,10 @@ def test_a_member_behind_installs_each_view_proposed_in_order():
     epochs = _membership(4, 8, []).epochs
     epochs.control(_view(1, range(7), 10))
     epochs.control(_view(2, range(6), 20))
-    assert epochs.admit(9) is None
-    assert epochs.admit(10).epoch == 1
-    assert epochs.admit(19) is None
-    assert epochs.admit(20).epoch == 2
+    assert epochs.admit(9, timeout=5.0) is None
+    assert epochs.admit(10, timeout=5.0).epoch == 1
+    assert epochs.admit(19, timeout=5.0) is None
+    assert epochs.admit(20, timeout=5.0).epoch == 2
     assert epochs.scheduled is None and epochs.queued == []
 
 
@@ -106,7 +106,7 @@ def test_a_joiner_waiting_for_its_state_keeps_the_next_view_for_after_its_own():
     assert admitted.epoch == 1
     joiner.install(admitted)
     assert joiner.scheduled.epoch == 2
-    assert joiner.admit(20).epoch == 2
+    assert joiner.admit(20, timeout=5.0).epoch == 2
     # a view admitting it again (the members dropped the first) replaces the one waited on
     again = _membership(7, 8, [], spares=1).epochs
     again.control(_view(1, range(8), 10, joins=[(7, 2)]))
