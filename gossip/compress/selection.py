@@ -62,8 +62,9 @@ _scratch = _Scratch()
 
 
 def sample_size_for(n: int) -> int:
-    """A sample of n/128 places the threshold well enough (a few % more candidates than k);
-    the full default costs more than the scan itself on tensors of a few million."""
+    """A sample of n/128, at most ``LARGE_SAMPLE``, places the threshold well enough (at 1%:
+    ~60% more candidates than k at 1M, ~20% from 4M); the full default costs more than the scan itself on
+    tensors of a few million."""
     return min(LARGE_SAMPLE, max(4096, n // 128))
 
 
