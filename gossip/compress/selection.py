@@ -30,6 +30,8 @@ SAMPLE_SIZE = 1 << 17
 #: Standard deviations of the sampled fraction the threshold is lowered by; at 4 the
 #: candidate set is too small (full fallback) about once in 30,000 calls.
 MARGIN_SIGMAS = 4.0
+#: Candidates from which the k-th magnitude is partitioned out of their small end only.
+_PARTIAL_FROM = 1 << 14
 #: Elements per chunk of the numpy scan: 1 MiB of float32 stays in cache.
 _CHUNK = 1 << 18
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
@@ -63,8 +65,8 @@ _scratch = _Scratch()
 
 def sample_size_for(n: int) -> int:
     """A sample of n/128, at most ``LARGE_SAMPLE``, places the threshold well enough (at 1%:
-    ~60% more candidates than k at 1M, ~20% from 4M); the full default costs more than the scan itself on
-    tensors of a few million."""
+    ~60% more candidates than k at 1M, ~20% from 4M); the full default costs more than the
+    scan itself on tensors of a few million."""
     return min(LARGE_SAMPLE, max(4096, n // 128))
 
 
@@ -194,7 +196,7 @@ def _keep_k(x: torch.Tensor, k: int, candidates: np.ndarray,
         # The k-th largest magnitude by a partition, then one comparison; the survivors keep
         # their sorted order, the ties at the k-th go to the lowest indices.
         magnitude = np.abs(values)
-        kth = np.partition(magnitude, c - k)[c - k]
+        kth = _kth_largest(magnitude, k)
         keep = magnitude >= kth
         extra = int(np.count_nonzero(keep)) - k
         if extra:
@@ -202,6 +204,24 @@ def _keep_k(x: torch.Tensor, k: int, candidates: np.ndarray,
         chosen = np.flatnonzero(keep)
         candidates, values = candidates[chosen], values[chosen]
     return torch.from_numpy(candidates), torch.from_numpy(values)
+
+
+def _kth_largest(magnitude: np.ndarray, k: int):
+    """The k-th largest of ``magnitude`` (0 < k < its size), exactly. A large set partitions
+    only its small end: every 16th value places a bound (with margin) above the (size - k)-th
+    smallest, everything up to the bound is the smallest values, ties included, so the same
+    order statistic is found among them (25M floats at 1%: 2.3 -> 1.3 ms); the whole set
+    is partitioned if the bound fell short."""
+    drop = magnitude.size - k
+    if magnitude.size >= _PARTIAL_FROM:
+        every = magnitude[::16]
+        q = (drop + 1) / magnitude.size
+        j = min(every.size - 1, math.ceil(every.size * q + MARGIN_SIGMAS
+                                          * math.sqrt(every.size * q * (1 - q))))
+        low = magnitude[magnitude <= np.partition(every, j)[j]]
+        if low.size > drop:
+            return np.partition(low, drop)[drop]
+    return np.partition(magnitude, drop)[drop]
 
 
 def _exact(x: torch.Tensor, k: int) -> torch.Tensor:

@@ -176,11 +176,11 @@ def lowest_index_topk(x: torch.Tensor, k: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("k", [1, 200, 4001, "n"])
 @pytest.mark.parametrize("values", ["gaussian", "ties"])
-def test_sampled_and_exact_select_the_same_bits_ties_to_the_lowest_indices(dtype, k, values):
+@pytest.mark.parametrize("n", [20011, 200003])  # the latter: 20k+ candidates, partial keep-k
+def test_sampled_and_exact_select_the_same_bits_ties_to_the_lowest_indices(dtype, k, values, n):
     from gossip.compress.selection import topk_select, topk_select_difference
 
-    n = 20011
-    k = n if k == "n" else k
+    k = n if k == "n" else (k if n < 100_000 else 10 * k)
     gen = torch.Generator().manual_seed(k)
     if values == "ties":  # 41 magnitudes over 20k entries: every k-th has many equals
         x = (torch.randint(-20, 21, (n,), generator=gen) / 4).to(dtype)
