@@ -166,6 +166,38 @@ def test_topk_with_ties_still_sends_exactly_k():
         assert got.numel() == 1000 and got.unique().numel() == 1000
 
 
+def lowest_index_topk(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The selection rule spelled out: largest |x| first, equal magnitudes by index."""
+    magnitude = x.abs().double().numpy()
+    order = np.lexsort((np.arange(x.numel()), -magnitude))
+    return torch.from_numpy(np.sort(order[:k]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 200, 4001, "n"])
+@pytest.mark.parametrize("values", ["gaussian", "ties"])
+@pytest.mark.parametrize("n", [20011, 200003])  # the latter: 20k+ candidates, partial keep-k
+def test_sampled_and_exact_select_the_same_bits_ties_to_the_lowest_indices(dtype, k, values, n):
+    from gossip.compress.selection import topk_select, topk_select_difference
+
+    k = n if k == "n" else (k if n < 100_000 else 10 * k)
+    gen = torch.Generator().manual_seed(k)
+    if values == "ties":  # 41 magnitudes over 20k entries: every k-th has many equals
+        x = (torch.randint(-20, 21, (n,), generator=gen) / 4).to(dtype)
+    else:
+        x = torch.randn(n, generator=gen).to(dtype)
+    expected = lowest_index_topk(x, k)
+    for method in ("exact", "sampled"):
+        idx, chosen = topk_select(x, k, method=method, sample_size=512,
+                                  generator=torch.Generator().manual_seed(1))
+        assert torch.equal(idx, expected), method
+        assert torch.equal(chosen, x[expected]), method
+    if dtype in (torch.float32, torch.float64):  # the fused difference (x - 0 is x)
+        idx, chosen = topk_select_difference(x, torch.zeros_like(x), torch.empty_like(x), k,
+                                             sample_size=512)
+        assert torch.equal(idx, expected) and torch.equal(chosen, x[expected])
+
+
 def test_randomk_indices_are_distinct_sorted_and_seed_dependent():
     a = random_subset(1000, 100, seed=5)
     assert a.numel() == 100 and bool((a[1:] > a[:-1]).all()) and int(a.max()) < 1000

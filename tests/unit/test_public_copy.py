@@ -65,6 +65,29 @@ def test_the_fused_step_equals_the_whole_tensor_ops_at_full_chunk_size():
     assert torch.equal(state.step_into(x, 0.017, torch.empty_like(x)), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16,
+                                   torch.bfloat16])
+def test_the_fused_step_with_kept_payloads_equals_the_whole_tensor_ops_in_every_dtype(
+        dtype, monkeypatch):
+    """numpy takes the step's subtractions for float32/64, torch for the others: either
+    way the bits of the whole-tensor ops. (Chunks a multiple of the vector width, as CHUNK
+    is: torch's half-precision add rounds its scalar tail unlike its vector body.)"""
+    monkeypatch.setattr(public_copy, "CHUNK", 1024)
+    monkeypatch.setattr(public_copy, "KEEP_FROM", 0)
+    gen = torch.Generator().manual_seed(5)
+    n = 5003
+    x, public, mixed = (torch.randn(n, generator=gen).to(dtype) for _ in range(3))
+    compressor = create("topk", density=0.05, values="same")
+    payload, own = compressor.compress_unpacked(torch.randn(n, generator=gen).to(dtype))
+    state = PublicCopy(x, public=public.clone(), mixed=mixed.clone())
+    state.add_own(compressor, payload, own, self_weight=0.4, scale=1.0)
+    compressor.add_to(payload, public)
+    compressor.add_to(payload, mixed, alpha=0.4)
+    expected = torch.add(x, torch.sub(mixed, public), alpha=0.3)
+    assert torch.equal(state.step_into(x, 0.3, torch.empty_like(x)), expected)
+    assert torch.equal(state.public, public) and torch.equal(state.mixed, mixed)
+
+
 # ---- the fused difference + selection (top-k) against the plain path: sub, then select
 
 
