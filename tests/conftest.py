@@ -3,6 +3,7 @@ the leak check every test passes through."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import pytest
@@ -14,6 +15,14 @@ from support import leaks
 
 def pytest_configure(config):
     leaks.install()
+
+
+def pytest_collection_finish(session):
+    """What exists once the tests are collected (torch, every test module) lives as long as
+    the run: out of the collector's reach, each full collection walks only what the tests
+    make (the unit tests spent 6.3 s of 120 s in it, 3.7 s so)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,7 @@
-"""The command line as a user runs it: real `gossip` processes, real sockets, run directories."""
+"""The command line as a user runs it: real `gossip` processes, real sockets, run directories.
+Errors that no process boundary is part of (a refused launch, a failing `gossip peer`) run
+in-process (``cli``): interpreter and torch start-up cost seconds on two busy cores; one real
+process keeps the exit path tested."""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from gossip.cli import main
 from gossip.metrics import read_jsonl
 from gossip.ports import free_ports
 
@@ -21,6 +26,14 @@ REQUIRED_FIELDS = {"round", "time", "loss", "accuracy", "bytes_sent", "bytes_rec
 def gossip(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None):
     return subprocess.run([sys.executable, "-m", "gossip", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def cli(*args: str, env: dict | None = None):
+    """`gossip ARGS` in-process, with ``returncode`` and ``stderr`` as a finished process
+    has them."""
+    result = CliRunner().invoke(main, list(args), env=env)
+    result.returncode = result.exit_code
+    return result
 
 
 def error_line(result) -> str:
@@ -73,18 +86,23 @@ def test_launch_ring_allreduce_from_a_topology_file(tmp_path):
     pytest.param(["launch", "--rounds", "0"], "rounds", marks=pytest.mark.slow),
     (["topology", "show", "missing.yaml"], "missing.yaml: no such file"),
 ])
-def test_bad_input_is_one_line_and_exit_1(tmp_path, args, culprit):
-    result = gossip(*args, cwd=tmp_path)
+def test_bad_input_is_one_line_and_exit_1(tmp_path, monkeypatch, args, culprit):
+    if args[0] == "launch":  # refused before any peer starts
+        monkeypatch.chdir(tmp_path)
+        result = cli(*args)
+    else:
+        result = gossip(*args, cwd=tmp_path)
     assert result.returncode == 1
     assert culprit in error_line(result)
 
 
 @pytest.mark.slow
-def test_malformed_topology_yaml(tmp_path):
+def test_malformed_topology_yaml(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.yaml").write_text("peers: [\n  - {rank: 0\n")
     for args in (["topology", "show", "bad.yaml"], ["launch", "--topology", "bad.yaml"],
                  ["peer", "--rank", "0", "--topology", "bad.yaml"]):
-        result = gossip(*args, cwd=tmp_path)
+        result = cli(*args)
         assert result.returncode == 1
         assert error_line(result).startswith("error: bad.yaml: invalid YAML at line")
 
@@ -96,7 +114,8 @@ def test_port_in_use(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         topo = write_topology(tmp_path / "t.yaml", [port, *free_ports(1)], [[0, 1]])
-        result = gossip("peer", "--rank", "0", "--topology", str(topo), cwd=tmp_path)
+        result = cli("peer", "--rank", "0", "--topology", str(topo), "--run-dir",
+                     str(tmp_path))
         assert result.returncode == 1
         assert f"cannot listen on tcp://127.0.0.1:{port}" in error_line(result)
         # launch names the peer that failed and stops the other one.
@@ -109,8 +128,8 @@ def test_port_in_use(tmp_path):
 def test_unreachable_peer_times_out_naming_it(tmp_path):
     ports = free_ports(2)
     topo = write_topology(tmp_path / "t.yaml", ports, [[0, 1]])
-    result = gossip("peer", "--topology", str(topo), "--timeout", "2", "--quiet", cwd=tmp_path,
-                    env={"RANK": "0"})
+    result = cli("peer", "--topology", str(topo), "--timeout", "2", "--quiet", "--run-dir",
+                 str(tmp_path), env={"RANK": "0"})
     assert result.returncode == 1
     line = error_line(result)
     assert f"peer 1 (tcp://127.0.0.1:{ports[1]})" in line and "round 0" in line
@@ -119,8 +138,8 @@ def test_unreachable_peer_times_out_naming_it(tmp_path):
 @pytest.mark.slow
 def test_rank_from_environment_must_be_an_integer(tmp_path):
     topo = write_topology(tmp_path / "t.yaml", free_ports(2), [[0, 1]])
-    result = gossip("peer", "--topology", str(topo), cwd=tmp_path,
-                    env={"RANK": "", "SLURM_PROCID": "x"})
+    result = cli("peer", "--topology", str(topo), "--run-dir", str(tmp_path),
+                 env={"RANK": "", "SLURM_PROCID": "x"})
     assert result.returncode == 1
     assert "$SLURM_PROCID='x' is not a rank" in error_line(result)
 

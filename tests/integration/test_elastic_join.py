@@ -255,7 +255,8 @@ def test_launch_with_churn_one_join_one_leave_one_kill(tmp_path):
     rank 4 is killed -9;
     the launch exits 0 (the leave and the kill were scheduled), the others finish every
     round, all states equal in every round, the joiner's equal to its donor's before it
-    ran, and membership.jsonl records the three events."""
+    ran, and membership.jsonl records the three events. 70 rounds of 0.15 s: the joiner's
+    process has 10 s to start."""
     import json
     import re
     import subprocess
@@ -263,10 +264,11 @@ def test_launch_with_churn_one_join_one_leave_one_kill(tmp_path):
 
     from gossip.metrics import read_jsonl
 
-    rounds, run_dir = 100, tmp_path / "run"
+    rounds, leave, kill, run_dir = 70, 42, 56, tmp_path / "run"
     launch = subprocess.run(
         [sys.executable, "-m", "gossip", "launch", "--peers", "5", "--rounds", str(rounds),
-         "--strategy", "ring-allreduce", "--elastic", "--churn", "join@5,leave:3@60,kill:4@80",
+         "--strategy", "ring-allreduce", "--elastic", "--churn",
+         f"join@5,leave:3@{leave},kill:4@{kill}",
          "--run-dir", str(run_dir), "--timeout", "60", "--dead-after", "1",
          "--compute-delay", "0.15"],
         cwd=tmp_path, capture_output=True, text=True, timeout=400)
@@ -275,9 +277,10 @@ def test_launch_with_churn_one_join_one_leave_one_kill(tmp_path):
                for r in (0, 1, 2, 3, 4, 5)}
     for rank in (0, 1, 2):
         assert sorted(records[rank]) == list(range(rounds))
-    # SIGTERM once it recorded 60 rounds: it leaves after the round under way
-    assert sorted(records[3]) == list(range(len(records[3]))) and 61 <= len(records[3]) <= 63
-    assert 80 <= len(records[4]) <= 82 and 0 < len(records[5]) < rounds
+    # SIGTERM once it recorded `leave` rounds: it leaves after the round under way
+    assert sorted(records[3]) == list(range(len(records[3])))
+    assert leave + 1 <= len(records[3]) <= leave + 3
+    assert kill <= len(records[4]) <= kill + 2 and 0 < len(records[5]) < rounds
     for round in range(rounds):
         assert len({rec[round]["state_hash"] for rec in records.values() if round in rec}) == 1
     joined = min(records[5])

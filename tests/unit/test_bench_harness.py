@@ -82,17 +82,17 @@ def test_run_ranks_reports_failing_rank_and_cleans_up():
 MISSING = r"rank\(s\) (0, )?(1, )?"
 
 
-@pytest.mark.slow  # waits out its 5 s timeout
+@pytest.mark.slow  # waits out its 3 s timeout
 def test_run_ranks_timeout_names_missing_ranks_and_cleans_up():
-    with pytest.raises(BenchmarkFailed, match=MISSING + r"2 did not finish within 5 s"):
-        run_ranks(_hang_on_two, 3, timeout=5)
+    with pytest.raises(BenchmarkFailed, match=MISSING + r"2 did not finish within 3 s"):
+        run_ranks(_hang_on_two, 3, timeout=3)
     _assert_no_children()
 
 
 @pytest.mark.slow  # waits out its timeout and the terminate grace
 def test_run_ranks_kills_ranks_that_ignore_sigterm():
-    with pytest.raises(BenchmarkFailed, match=MISSING + r"2, 3 did not finish within 5 s"):
-        run_ranks(_hang_ignoring_sigterm, 4, timeout=5)
+    with pytest.raises(BenchmarkFailed, match=MISSING + r"2, 3 did not finish within 3 s"):
+        run_ranks(_hang_ignoring_sigterm, 4, timeout=3)
     _assert_no_children()
 
 

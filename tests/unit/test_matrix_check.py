@@ -3,8 +3,6 @@ socket opens, its one-line refusals, and docs/MATRIX.md generated from it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,9 +27,19 @@ def one_line(info) -> str:
     return text
 
 
-def gossip_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gossip", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=110)
+def gossip_cli(*args: str, cwd: Path):
+    """`gossip ARGS` run in ``cwd``, in-process (each refusal comes before any peer starts:
+    a process would only add the interpreter's and torch's start-up), with ``returncode``,
+    ``stdout`` and ``stderr`` as a finished process has them."""
+    from click.testing import CliRunner
+
+    from gossip.cli import main
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        result = CliRunner().invoke(main, list(args))
+    result.returncode = result.exit_code
+    return result
 
 
 def error_line(result) -> str:
@@ -100,7 +108,6 @@ def test_local_wrapping_nonblocking_is_refused_in_one_line_not_a_traceback():
                                      "decides at run time when a round ends")
 
 
-@pytest.mark.slow  # a `gossip` process
 def test_launch_of_local_wrapping_nonblocking_is_one_error_line(tmp_path):
     line = error_line(gossip_cli("launch", "--strategy", "local", "--option", "inner=nonblocking",
                                  "--peers", "3", "--rounds", "1", cwd=tmp_path))
@@ -127,7 +134,6 @@ def test_servers_with_a_strategy_that_does_not_serve_are_refused_before_binding(
     Peer(1, both, "dpsgd")
 
 
-@pytest.mark.slow  # `gossip` processes
 def test_launch_with_servers_and_dpsgd_fails_before_any_peer_starts(tmp_path):
     line = error_line(gossip_cli("launch", "--topology", str(servers_topology(tmp_path)),
                                  "--strategy", "dpsgd", "--rounds", "2", "--timeout", "20",
@@ -167,7 +173,6 @@ def test_simulate_with_overlap_is_refused_at_start(tmp_path):
     assert one_line(info).startswith("overlap: True: not simulated")
 
 
-@pytest.mark.slow  # a `gossip` process
 def test_gossip_simulate_overlap_is_one_error_line(tmp_path):
     line = error_line(gossip_cli("simulate", "--overlap", "--peers", "3", "--rounds", "1",
                                  "--quiet", "--run-dir", "run", cwd=tmp_path))
@@ -175,7 +180,6 @@ def test_gossip_simulate_overlap_is_one_error_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow  # a `gossip` process
 def test_simulate_refuses_a_shared_device(tmp_path):
     line = error_line(gossip_cli("simulate", "--arbiter", f"flock:{tmp_path}", "--peers", "3",
                                  "--rounds", "1", "--quiet", cwd=tmp_path))
