@@ -30,11 +30,21 @@ socket's queue is empty and ``GRACE_S`` has passed.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, deque
 from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+_MONITOR_IDS = itertools.count()
+
+
+def monitor_socket(socket: zmq.Socket, events: int) -> zmq.Socket:
+    """``socket``'s monitor at an address never used before: pyzmq's default names it by
+    the socket's file descriptor, which a socket opened after a close can reuse before
+    libzmq has let the old monitor's address go (EADDRINUSE, then a hanging ctx.term)."""
+    return socket.get_monitor_socket(events, addr=f"inproc://gossip-monitor-{next(_MONITOR_IDS)}")
 
 # Covers the instant between libzmq reporting a disconnect and flushing the messages that
 # preceded it to the socket's queue.
@@ -70,7 +80,7 @@ class ConnectionWatch:
                  max_frame_bytes: int, curve: bool = False, denials: deque | None = None,
                  now: Callable[[], float]):
         self._now = now
-        self.socket = socket.get_monitor_socket(EVENTS)
+        self.socket = monitor_socket(socket, EVENTS)
         self._watched = socket
         self._reject = reject
         self._max_frame_bytes = max_frame_bytes
@@ -211,7 +221,7 @@ class LinkWatch:
 
     def watch(self, rank: int, socket: zmq.Socket) -> zmq.Socket:
         """Watch our link to ``rank``; returns its monitor socket (``read`` drains it)."""
-        monitor = socket.get_monitor_socket(self.EVENTS)
+        monitor = monitor_socket(socket, self.EVENTS)
         self.sockets[rank], self._watched[rank] = monitor, socket
         self._watched_since[rank] = self._now()
         return monitor
@@ -266,7 +276,7 @@ class LinkWatch:
         except zmq.ZMQError:  # closed already
             pass
         old.close(linger=0)
-        self.sockets[rank] = socket.get_monitor_socket(self.EVENTS)
+        self.sockets[rank] = monitor_socket(socket, self.EVENTS)
         self._watched[rank] = socket
 
     def came_back(self) -> list[int]:
