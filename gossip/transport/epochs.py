@@ -275,8 +275,11 @@ class Epochs:
 
     def _coming(self) -> set[int]:
         """The members of the views scheduled, not installed yet."""
-        scheduled = [self.scheduled] if self.scheduled is not None else []
-        return {m for view in scheduled + self.queued for m in view.members}
+        return {m for view in self._pending() for m in view.members}
+
+    def _pending(self) -> list[View]:
+        """The views scheduled, in the order of their rounds."""
+        return ([self.scheduled] if self.scheduled is not None else []) + self.queued
 
     def gone_for(self, round: int | None) -> list[int]:
         """Members that left before ``round`` (any round, for None), sorted."""
@@ -420,8 +423,6 @@ class Epochs:
 
     def install(self, view: View) -> View:
         """As a joiner: run on ``view`` (from ``admission``) from now on."""
-        self.queued = [later for later in self.queued if later.epoch > view.epoch]
-        self.scheduled = self.queued.pop(0) if self.queued else None
         return self._install(view)
 
     # -- agreement ------------------------------------------------------------------------------
@@ -505,10 +506,11 @@ class Epochs:
         self.view = view
         self.history.append(view)
         self._states.clear()
-        if self.scheduled is not None and self.scheduled.epoch <= view.epoch:
-            # a join's view that reached this member during an agreement on a death, which
-            # numbered past it: installed at its round, it would undo this one
-            self.scheduled = None
+        # Views scheduled but not newer are dropped: the one installed (a joiner's), or a
+        # join's view that reached this member during an agreement on a death, which numbered
+        # past it (installed at its round, it would undo this one)
+        later = [pending for pending in self._pending() if pending.epoch > view.epoch]
+        self.scheduled, self.queued = (later[0], later[1:]) if later else (None, [])
         return view
 
 
