@@ -57,8 +57,11 @@ def leave(how: Leaving, timeout: float) -> set[int]:
             except PeerTimeout:  # its queue is full: it is stuck, and told of nothing more
                 pass
 
-    def silent() -> set[int]:  # lost peers (even only reported ones) say nothing more
-        return how.contacts - only_linked - how.departed - how.lost() - how.unreached()
+    def awaited() -> set[int]:  # lost peers (even only reported ones) say nothing more
+        return how.contacts - only_linked - how.departed - how.lost()
+
+    def silent() -> set[int]:
+        return awaited() - how.unreached()
 
     def untold() -> set[int]:
         return {r for r in only_linked - how.departed - how.lost() if not how.link_up(r)}
@@ -71,7 +74,7 @@ def leave(how: Leaving, timeout: float) -> set[int]:
         how.wait(max(min(deadline - clock.monotonic(), LINK_CHECK_S), 0.0))
         tell()
     missing, untold_now = silent(), untold()
-    nobody = (how.contacts - only_linked - how.departed - how.lost()) & how.unreached()
+    nobody = awaited() & how.unreached()
     if missing:
         log.warning("rank %d: no goodbye from %s within %g s", how.rank,
                     ", ".join(how.describe(r) for r in sorted(missing)), timeout)
