@@ -143,7 +143,7 @@ class Transport(ABC):
         """Peers we connected to whose connection never came up in the time a dead peer is
         given: no process listens at their address (a restarted peer uses it to fail fast
         when its job has finished)."""
-        return set()
+        return self._unreached() & self.linked
 
     def _unreached(self) -> set[int]:
         """Every peer whose connection never came up in that time, connected to or not (a

@@ -458,9 +458,6 @@ class ZmqTransport(Transport):
         # Only peers we work with: a socket to every peer is there to receive, not a vouch.
         return self._ctx is not None and rank in self.linked and bool(self._links.up(rank))
 
-    def _never_reached(self) -> set[int]:
-        return self._unreached() & self.linked
-
     def _unreached(self) -> set[int]:
         if self._ctx is None:
             return set()
