@@ -139,6 +139,12 @@ class Transport(ABC):
         ``rank``'s process running now; False where it cannot tell."""
         return False
 
+    def _starting(self, rank: int) -> bool:
+        """Whether ``rank``'s link has not come up yet but may still: we started connecting
+        less than ``dead_after`` ago (peers start seconds apart: importing torch alone takes
+        ~2 s). False where the transport cannot tell."""
+        return False
+
     def _never_reached(self) -> set[int]:
         """Peers we connected to whose connection never came up in the time a dead peer is
         given: no process listens at their address (a restarted peer uses it to fail fast
@@ -269,9 +275,10 @@ class Transport(ABC):
             if frames is None and deadline > clock.monotonic():
                 continue  # woken early: a peer was declared dead
             if frames is None:
-                if (waits.on is not None and self.alive(src)  # busy, not dead: ask for cycles
-                        and self.stats.messages_rejected == rejected_before):
-                    if waits.probe():
+                if (waits.on is not None and self.stats.messages_rejected == rejected_before
+                        and (self.alive(src) or self._starting(src))):
+                    # Busy, not dead: ask for cycles. Or not up yet: still starting, maybe.
+                    if self.alive(src) and waits.probe():
                         log.info("rank %d: waiting beyond %g s for %s, which is alive (busy)",
                                  self.rank, limit, self.describe(src))
                     deadline = clock.monotonic() + limit

@@ -295,6 +295,14 @@ class LinkWatch:
         self.read(rank)
         return rank not in self._down_since and rank not in self._judged
 
+    def starting(self, rank: int) -> bool:
+        """Whether ``rank``'s link has not come up once, but we started connecting less than
+        ``dead_after`` seconds ago: its process may still be starting."""
+        self.read(rank)
+        since = self._watched_since.get(rank)
+        return since is not None and rank not in self._ever_up \
+            and self._now() - since < self.dead_after
+
     def never_up(self) -> set[int]:
         """Peers whose link has not come up once in the ``dead_after`` seconds since we
         started connecting to them: nothing listens at their address."""

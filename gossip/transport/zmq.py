@@ -458,6 +458,9 @@ class ZmqTransport(Transport):
         # Only peers we work with: a socket to every peer is there to receive, not a vouch.
         return self._ctx is not None and rank in self.linked and bool(self._links.up(rank))
 
+    def _starting(self, rank: int) -> bool:
+        return self._ctx is not None and self._links.starting(rank)
+
     def _unreached(self) -> set[int]:
         if self._ctx is None:
             return set()

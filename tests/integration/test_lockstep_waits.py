@@ -87,18 +87,44 @@ def test_a_cycle_of_waits_is_a_deadlock_named_in_one_line(size):
 
 
 def test_a_wait_with_its_own_timeout_and_a_peer_never_linked_still_time_out():
-    """Windows (recv with a timeout of its own) poll; a peer with no link may be dead."""
+    """Windows (recv with a timeout of its own) poll; a peer with no link may be dead: a
+    lockstep wait gives it dead_after to start, then times out."""
     peers = transports(2)
     endpoints = [f"tcp://127.0.0.1:{p}" for p in free_ports(2)]
-    lonely = ZmqTransport(0, endpoints, timeout=TIMEOUT).open()
+    start = time.monotonic()  # it starts connecting when it opens
+    lonely = ZmqTransport(0, endpoints, timeout=TIMEOUT, dead_after=1.0).open()
     try:
         with pytest.raises(PeerTimeout, match="within 0.2 s"):
             peers[0].recv(src=1, kind="gossip", round=0, timeout=0.2)
         with pytest.raises(PeerTimeout, match="within 0.3 s"):
             lonely.recv(src=1, kind="gossip", round=0)
+        assert 1.0 <= time.monotonic() - start < 10
     finally:
         for t in (*peers, lonely):
             t.close()
+
+
+def test_a_lockstep_wait_outlasts_the_timeout_for_a_peer_still_starting():
+    """Peers start seconds apart (a loaded machine, torch's import): a wait on a peer whose
+    link has not come up yet goes on for dead_after, not only --timeout. Before, a launch
+    with --timeout 1 failed 'no start from peer 0 for round 0 within 1 s' under load."""
+    endpoints = [f"tcp://127.0.0.1:{p}" for p in free_ports(2)]
+    early = ZmqTransport(1, endpoints, timeout=TIMEOUT, dead_after=5.0).open()
+    late = None
+    try:
+        def main(rank):
+            nonlocal late
+            if rank == 1:
+                return early.recv(src=0, kind="gossip", round=0).round
+            time.sleep(6 * TIMEOUT)  # still importing torch, say
+            late = ZmqTransport(0, endpoints, timeout=TIMEOUT).open()
+            late.send(1, msg())
+            return None
+        assert run_in_threads(2, main, timeout=60)[1] == 0
+    finally:
+        for t in (early, late):
+            if t is not None:
+                t.close()
 
 
 def test_a_malformed_probe_is_rejected_and_the_wait_goes_on():
