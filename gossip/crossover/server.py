@@ -21,6 +21,10 @@ from gossip.errors import ConfigError, ProtocolError
 
 log = logging.getLogger("gossip.crossover")
 TICK_S = 0.05  # how often leases and client processes are checked without any message
+# At a stop, messages still arriving are read until this long passes without one (a client
+# does not await its release: sent just before the stop, it may still be crossing the socket).
+STOP_QUIET_S = 0.1
+STOP_DRAIN_S = 1.0  # ... and never for longer than this
 
 
 @dataclass
@@ -75,7 +79,10 @@ class ArbiterServer:
             if poller.poll(TICK_S * 1000):
                 self._drain()
             self._tick()
-        self._drain()  # the releases already here go into the grant log
+        # The releases sent before the stop go into the grant log, those in flight too.
+        deadline = time.monotonic() + STOP_DRAIN_S
+        while self._socket.poll(STOP_QUIET_S * 1000) and time.monotonic() < deadline:
+            self._drain()
 
     def _drain(self) -> None:
         while self._socket.poll(0):
