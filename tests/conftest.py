@@ -17,6 +17,15 @@ def pytest_configure(config):
     leaks.install()
 
 
+def pytest_collection_modifyitems(items):
+    """Under xdist (the README's ``-n 2 --dist loadgroup``) the slow tests, which start many
+    peer processes each, run one after another on one worker while the other takes the
+    rest: two of them at once on 2 cores would only stretch both towards their timeouts."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("slow"))
+
+
 def pytest_collection_finish(session):
     """What exists once the tests are collected (torch, every test module) lives as long as
     the run: out of the collector's reach, each full collection walks only what the tests
