@@ -14,6 +14,7 @@ sockets.py's, the Unix-socket twin of a local peer endpoints.py's.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections import deque
@@ -35,6 +36,8 @@ from gossip.transport.router import RouterOutbox
 from gossip.transport.shm_segments import is_envelope
 from gossip.transport.sockets import (CURVE_FRAME_OVERHEAD, HWM, Tracker, inbound_socket,
                                       outbox_socket)
+
+log = logging.getLogger(__name__)
 
 # A peer is declared dead once our connection to it has been down this long (default).
 DEAD_AFTER_S = 5.0
@@ -182,7 +185,11 @@ class ZmqTransport(Transport):
         sock.connect(self._address(src))
         header, _ = codec.encode(Message(kind=HELLO, round=-1, meta={
             "endpoint": self.endpoints[self.rank]}), self.rank)
-        sock.send(header, zmq.NOBLOCK)
+        try:
+            sock.send(header, zmq.NOBLOCK)
+        except zmq.Again:  # the handshake failed before the send: libzmq dropped the pipe
+            log.warning("rank %d: %s refused our connection at the handshake (other CURVE "
+                        "keys, or none?): no hello sent", self.rank, self.describe(src))
         self._inbound[src] = sock
         self._listen(sock, src)
 
