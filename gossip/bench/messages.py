@@ -63,6 +63,14 @@ def count_for(frames: int, size: str, scale: float = 1.0) -> int:
     return int(max(MIN_COUNT, min(MAX_COUNT, BYTES_PER_SHAPE // nbytes)) * scale)
 
 
+def parse_shape(text: str) -> tuple[int, str] | None:
+    """``"3x50k"`` -> ``(3, "50k")``; None if it is not FRAMESxSIZE."""
+    frames, _, size = text.partition("x")
+    if not frames.isdigit() or not 0 <= int(frames) <= 64 or size not in SIZES:
+        return None
+    return int(frames), size
+
+
 def _meta() -> dict:
     """A meta that makes the packed header about 200 bytes, like a sparse block's."""
     return {"n": 5_000_000, "s": 1, "b": [0, 1, 2], "k": [6250, 6250, 6250],
@@ -294,6 +302,19 @@ def _from_json(text: str) -> dict:
                    for rank, per in ranks.items()} for name, ranks in raw.items()}
 
 
+def without_options(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``argv`` less ``options`` and their values (``--name value`` or ``--name=value``)."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in options:
+            skip = True
+        elif not word.startswith(tuple(f"{o}=" for o in options)):
+            out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--transports", default="zmq,loopback,pyzmq",
@@ -306,24 +327,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated source trees to compare (PYTHONPATH of each run)")
     parser.add_argument("--runs", type=int, default=3, help="runs per tree with --trees")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
-    args, rest = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
     if args.trees:
-        forward = [a for a in (argv if argv is not None else sys.argv[1:])
-                   if not a.startswith(("--trees", "--runs"))]
-        # drop the values of --trees/--runs given as separate words
-        cleaned, skip = [], False
-        for a in forward:
-            if skip:
-                skip = False
-                continue
-            if a in ("--trees", "--runs"):
-                skip = True
-                continue
-            cleaned.append(a)
-        _compare(args.trees.split(","), args.runs, cleaned)
+        _compare(args.trees.split(","), args.runs,
+                 without_options(sys.argv[1:] if argv is None else argv, ("--trees", "--runs")))
         return
-    shapes = SHAPES if args.shapes is None else [
-        (int(s.split("x")[0]), s.split("x")[1]) for s in args.shapes.split(",")]
+    shapes = SHAPES
+    if args.shapes is not None:
+        shapes = [parse_shape(text) for text in args.shapes.split(",")]
+        if None in shapes:
+            parser.error(f"--shapes {args.shapes!r}: each must be FRAMESxSIZE with FRAMES 0-64 "
+                         f"and SIZE one of {', '.join(SIZES)}")
     results = measure(shapes, tuple(args.patterns.split(",")), args.scale,
                       tuple(args.transports.split(",")))
     if args.json:
