@@ -68,6 +68,7 @@ class Transport(ABC):
         self.clock = clock or REAL_TIME
         self.timeout = timeout
         self.kinds = frozenset(kinds) if kinds is not None else None
+        self._accepted: tuple = (None, None)  # (self.kinds, what decode accepts with them)
         self.max_message_bytes = max_message_bytes
         self.reject_nonfinite = reject_nonfinite
         self._finite_exempt: frozenset[str] = frozenset()  # kinds whose receiver checks
@@ -217,7 +218,7 @@ class Transport(ABC):
         self.contacts.add(dst)
         if msg.kind not in INTERNAL and msg.kind not in self.own_kinds:
             self.waits.sent[dst] += 1
-        self.stats.sent(msg.kind, len(header) + sum(f.numel() for f in frames))
+        self.stats.sent(msg.kind, len(header) + sum([f.numel() for f in frames]))
         self.membership.sent(dst, msg.kind, msg.round, header, frames)
         return Delivery(self._sends, dst, trackers, msg.kind)
 
@@ -336,11 +337,10 @@ class Transport(ABC):
         Everything is checked before anything changes: a rejected message changes nothing
         but the rejection counters, the bytes under ``"<rejected>"`` and the log.
         """
-        size = sum(len(codec.frame_buffer(f)) for f in frames)
+        size = codec.frame_bytes(frames)
         self.stats.bytes_recv += size
         try:
-            kinds = self.kinds and self.kinds | INTERNAL | self.own_kinds
-            msg = codec.decode(frames, kinds=kinds,
+            msg = codec.decode(frames, kinds=self._accepted_kinds(),
                                max_message_bytes=self.max_message_bytes, peers=self.size,
                                sender=self._sender(frames), finite=self.reject_nonfinite,
                                finite_exempt=self._finite_exempt)
@@ -381,6 +381,15 @@ class Transport(ABC):
             if keep:
                 self.inbox.pending.keep(msg, size)
         return None
+
+    def _accepted_kinds(self) -> frozenset[str] | None:
+        """The kinds a received message may have: ``kinds`` and the transport's own (None:
+        any), made once per value of ``kinds`` rather than per message."""
+        kinds, accepted = self._accepted
+        if kinds is not self.kinds:
+            accepted = self.kinds and self.kinds | INTERNAL | self.own_kinds
+            self._accepted = (self.kinds, accepted)
+        return accepted
 
     def _validate_internal(self, msg: Message) -> None:
         """Raise ProtocolError if a message of one of ``own_kinds`` is malformed."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgpack
 import torch
+import zmq
 
 from gossip.errors import ProtocolError
 from gossip.transport.message import Message
@@ -46,9 +47,19 @@ ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in DTYP
 ZERO_COPY_MIN_BYTES = 64 * 1024
 
 
+# Kinds that passed the syntax check: a set lookup instead of a regex match per message.
+# Bounded, since any peer may send well-formed kinds by the thousand.
+_CHECKED_KINDS: set[str] = set()
+_MAX_CHECKED_KINDS = 4096
+
+
 def check_kind(kind: str) -> str:
+    if type(kind) is str and kind in _CHECKED_KINDS:  # a list is unhashable
+        return kind
     if not isinstance(kind, str) or not _KIND.match(kind):
         raise ProtocolError(f"invalid message kind {kind!r}: want lowercase [a-z0-9_.-], <= 64 chars")
+    if len(_CHECKED_KINDS) < _MAX_CHECKED_KINDS:
+        _CHECKED_KINDS.add(kind)
     return kind
 
 
@@ -56,6 +67,9 @@ def host_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU uint8 view of ``tensor`` (staged through host memory if on a device)."""
     if tensor.dtype not in DTYPE_NAMES:
         raise ProtocolError(f"dtype {tensor.dtype} cannot be sent; allowed: {', '.join(DTYPES)}")
+    if tensor.is_cpu and not tensor.requires_grad and tensor.is_contiguous():
+        # The common case in one view (a torch call costs about a microsecond).
+        return (tensor if tensor.dim() == 1 else tensor.view(-1)).view(torch.uint8)
     flat = tensor.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
@@ -112,16 +126,18 @@ def decode(
                                  max_ext_len=0)
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
         raise ProtocolError(f"header is not valid msgpack: {exc}") from None
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise ProtocolError("header is not a map")
-    if not _is_int(header.get("v")) or header["v"] != VERSION:  # not True, not 1.0
-        raise ProtocolError(f"unsupported protocol version {header.get('v')!r} (want {VERSION})")
+    # msgpack makes exact ints and bools, so ``type(x) is int`` is "an int, not a bool".
+    version = header.get("v")
+    if type(version) is not int or version != VERSION:  # not True, not 1.0
+        raise ProtocolError(f"unsupported protocol version {version!r} (want {VERSION})")
     kind = header.get("kind")
     check_kind(kind)
     if kinds is not None and kind not in kinds:
         raise ProtocolError(f"unexpected message kind {kind!r}")
     round, src, meta = header.get("round"), header.get("src"), header.get("meta")
-    if not _is_int(round) or not _is_int(src) or src < 0:
+    if type(round) is not int or type(src) is not int or src < 0:
         raise ProtocolError(f"bad round/src in header: round={round!r} src={src!r}")
     if peers is not None and src >= peers:
         raise ProtocolError(f"{kind} round {round}: src {src} is not a peer "
@@ -129,30 +145,36 @@ def decode(
     if sender is not None and src != sender:
         raise ProtocolError(f"{kind} round {round} claims to come from peer {src} but was sent "
                             f"with peer {sender}'s key")
-    if not isinstance(meta, dict):
+    if type(meta) is not dict:
         raise ProtocolError("header meta is not a map")
     specs = header.get("tensors")
-    if not isinstance(specs, list) or len(specs) > MAX_TENSORS:
+    if type(specs) is not list or len(specs) > MAX_TENSORS:
         raise ProtocolError(f"header tensors must be a list of at most {MAX_TENSORS} entries")
     if len(specs) != len(frames) - 1:
         raise ProtocolError(f"header lists {len(specs)} tensors but {len(frames) - 1} frames came")
+    if not specs:
+        return Message(kind=kind, round=round, src=src, meta=meta)
     total = len(header_buf)
+    check = finite and kind not in finite_exempt
     buffers, wire = [], []
-    for i, (spec, frame) in enumerate(zip(specs, frames[1:])):
+    for i, spec in enumerate(specs):
         dtype, shape = _tensor_spec(i, spec)
+        frame = frames[i + 1]
         buf = frame_buffer(frame)
-        total += len(buf)
+        nbytes = len(buf)
+        total += nbytes
         if total > max_message_bytes:
             raise ProtocolError(f"message exceeds the size limit of {max_message_bytes} bytes")
-        expected = math.prod(shape) * ITEMSIZE[dtype]
-        if expected != len(buf):
+        expected = (shape[0] if len(shape) == 1 else math.prod(shape)) * ITEMSIZE[dtype]
+        if expected != nbytes:
             raise ProtocolError(
                 f"tensor {i}: shape {shape} of {DTYPE_NAMES[dtype]} needs {expected} bytes, "
-                f"frame has {len(buf)}"
+                f"frame has {nbytes}"
             )
-        buffers.append(_as_tensor(buf, dtype, shape))
-        wire.append((buffers[-1].data_ptr(), len(buf), frame))
-    if finite and kind not in finite_exempt:
+        tensor = _as_tensor(buf, dtype, shape)
+        buffers.append(tensor)
+        wire.append((tensor.data_ptr(), nbytes, frame))
+    if check:
         for i, tensor in enumerate(buffers):
             if has_nonfinite(tensor):
                 raise ProtocolError(f"{kind} round {round} from peer {src}: tensor {i} "
@@ -188,28 +210,32 @@ def has_nonfinite(tensor: torch.Tensor) -> bool:
     return not (math.isfinite(low.item()) and math.isfinite(high.item()))
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _tensor_spec(i: int, spec: Any) -> tuple[torch.dtype, list[int]]:
-    if not isinstance(spec, dict):
+    if type(spec) is not dict:
         raise ProtocolError(f"tensor {i}: spec is not a map")
     name = spec.get("dtype")
-    dtype = DTYPES.get(name) if isinstance(name, str) else None
+    dtype = DTYPES.get(name) if type(name) is str else None
     if dtype is None:
         raise ProtocolError(f"tensor {i}: dtype {spec.get('dtype')!r} not allowed")
     shape = spec.get("shape")
-    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-            or not all(_is_int(d) and 0 <= d < 1 << 40 for d in shape)):
+    if type(shape) is not list or len(shape) > MAX_DIMS:
         raise ProtocolError(f"tensor {i}: bad shape {shape!r}")
+    for d in shape:
+        if type(d) is not int or not 0 <= d < 1 << 40:
+            raise ProtocolError(f"tensor {i}: bad shape {shape!r}")
     return dtype, shape
 
 
 def frame_buffer(frame: Any) -> memoryview:
     """The bytes of a received frame (zmq.Frame, bytes or bytearray) without a copy."""
-    buf = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+    buf = frame.buffer if type(frame) is zmq.Frame else memoryview(frame)
     return buf if buf.format == "B" and buf.ndim == 1 else buf.cast("B")
+
+
+def frame_bytes(frames: Sequence[Any]) -> int:
+    """How many bytes ``frames`` (as ``decode`` takes them) hold."""
+    return sum(len(frame) if type(frame) is zmq.Frame else len(frame_buffer(frame))
+               for frame in frames)
 
 
 def _as_tensor(buf: memoryview, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:

@@ -19,6 +19,7 @@ import zmq
 # Frames read from one socket per turn: a flood delays the other senders by about this many
 # frame reads (~1 ms) per turn, however long it is.
 FRAMES_PER_TURN = 1_000
+_NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,11 @@ class Drain:
     def read(self, budget: int = FRAMES_PER_TURN) -> list:
         """The messages completed within ``budget`` frames: each a list of frames, or
         ``Oversized``. Empty when nothing is waiting (or the budget went to a long one)."""
-        recv, done = self.socket.recv, []
+        socket = self.socket
+        recv, done = socket.recv, []
         for _ in range(budget):
             try:
-                frame = recv(zmq.NOBLOCK, copy=False)
+                frame = recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 break
             self._count += 1
@@ -62,4 +64,8 @@ class Drain:
                 done.append(self._frames if self._count <= self.max_frames
                             else Oversized(self._count, self._nbytes))
                 self._frames, self._count, self._nbytes = [], 0, 0
+                # Asking whether another message waits is cheaper than the exception a
+                # read of an empty socket raises.
+                if not socket.getsockopt(_EVENTS) & _POLLIN:
+                    break
         return done

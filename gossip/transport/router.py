@@ -33,6 +33,19 @@ log = logging.getLogger("gossip.transport")
 
 # How long the first send to a peer waits for its hello before queueing (once per peer).
 FIRST_HELLO_S = 0.5
+# Plain ints: combining pyzmq's enum flags per frame costs a Python call each.
+_MORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+def send_parts(socket: zmq.Socket, parts: list, flags: int = 0) -> None:
+    """``socket.send_multipart(parts, copy=False, flags=flags)`` without its per-call type
+    checks (the transport makes the parts: bytes, arrays, zmq.Frame) and enum arithmetic.
+    A full or unreachable destination raises at the first part, so nothing is sent then."""
+    send, more = socket.send, flags | _MORE
+    for part in parts[:-1]:
+        send(part, more, copy=False)
+    send(parts[-1], flags, copy=False)
 
 
 def routing_id(rank: int) -> bytes:
@@ -95,7 +108,7 @@ class RouterOutbox:
         if route is None:
             return False
         try:
-            self.socket.send_multipart([route, *parts], copy=False)
+            send_parts(self.socket, [route, *parts])
             return True
         except zmq.Again:  # connected, and its queue stayed full for SNDTIMEO
             raise PeerTimeout(f"sending to {self._describe(dst)} timed out after "
@@ -128,8 +141,7 @@ class RouterOutbox:
             queue, route = self._queued.get(rank), self._routes.get(rank)
             while queue and route is not None:
                 try:
-                    self.socket.send_multipart([route, *queue[0]], copy=False,
-                                               flags=zmq.NOBLOCK)
+                    send_parts(self.socket, [route, *queue[0]], _NOBLOCK)
                 except zmq.ZMQError:  # not connected (EHOSTUNREACH), or full (EAGAIN)
                     break
                 queue.popleft()

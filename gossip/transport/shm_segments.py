@@ -52,7 +52,8 @@ MAX_ENTRIES = 64
 
 
 def is_envelope(frame) -> bool:
-    return bytes(codec.frame_buffer(frame)[:len(MAGIC)]) == MAGIC
+    buf = codec.frame_buffer(frame)
+    return bool(buf) and buf[0] == 0 and bytes(buf[:len(MAGIC)]) == MAGIC
 
 
 def _aligned(n: int) -> int:

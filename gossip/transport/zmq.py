@@ -261,25 +261,28 @@ class ZmqTransport(Transport):
         if not 0 <= dst < len(self.endpoints) or dst == self.rank:
             raise TransportError(f"rank {self.rank}: no peer {dst} (there are "
                                  f"{len(self.endpoints)})")
-        self.connect([dst])
-        outbox = self._shm.outbox(dst, frames)
+        if dst not in self.linked:
+            self.connect([dst])
+        outbox = self._shm.outbox(dst, frames) if frames else None
         parts, trackers, placed = [header], [], []
-        for i, (f, frame) in enumerate(zip(frames, received or [None] * len(frames)), 1):
+        for i, f in enumerate(frames, 1):
             # Copied into the segment at once: nothing to track either.
             where = outbox.put(f) if outbox else None
             if where is not None:
                 placed.append((i, *where))
                 parts.append(b"")
                 continue
-            if isinstance(frame, zmq.Frame) and not track:
+            frame = received[i - 1] if received else None
+            if type(frame) is zmq.Frame and not track:
                 # libzmq's own message, shared by reference count: no copy, and no Python
                 # memory for pyzmq to hand back through its garbage-collector thread.
                 parts.append(frame)
                 continue
             array = f.numpy()
-            # Zero-copy pays off only for large frames; small ones are cheaper to copy.
+            # Zero-copy pays off only for large frames; small ones are cheaper to copy
+            # (pyzmq copies a buffer under its copy threshold, the same 64 KiB, itself).
             if array.nbytes < codec.ZERO_COPY_MIN_BYTES:
-                parts.append(zmq.Frame(array, copy=True))
+                parts.append(array)
             else:
                 frame = zmq.Frame(array, copy=False, track=track)
                 parts.append(frame)
@@ -324,7 +327,7 @@ class ZmqTransport(Transport):
         try:
             return self._shm.open(frames)
         except ProtocolError as exc:
-            size = sum(len(codec.frame_buffer(f)) for f in frames)
+            size = codec.frame_bytes(frames)
             self.stats.bytes_recv += size
             self.reject(f"{exc} ({size} bytes)", nbytes=size)
             return None  # woken early: the caller asks again
@@ -388,7 +391,7 @@ class ZmqTransport(Transport):
     def _hello(self, frames: list) -> None:
         """A receiving socket's hello on our outbox: messages for its rank may go now (and
         go where its hello says it listens, if that moved). Anything else is rejected."""
-        size = sum(len(codec.frame_buffer(f)) for f in frames)
+        size = codec.frame_bytes(frames)
         try:
             if len(frames) != 2:
                 raise ProtocolError("an empty message on this peer's outbox, which takes "
