@@ -8,6 +8,7 @@ import logging
 import zmq
 
 from gossip.keys import CurveKeys
+from gossip.transport import codec
 from gossip.transport.auth import DOMAIN
 from gossip.transport.router import routing_id
 
@@ -54,6 +55,9 @@ def outbox_socket(context: zmq.Context, *, max_frame: int, timeout: float,
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
     sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES or -1)
     sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
+    # Frames under ZERO_COPY_MIN_BYTES are handed over as arrays: pyzmq copies what is
+    # below this (its default today, set here so the sender may change them at once anyway).
+    sock.copy_threshold = codec.ZERO_COPY_MIN_BYTES
     if keys is not None:
         sock.curve_server = True
         sock.curve_secretkey = keys.secret.encode("ascii")

@@ -280,7 +280,7 @@ class ZmqTransport(Transport):
                 continue
             array = f.numpy()
             # Zero-copy pays off only for large frames; small ones are cheaper to copy
-            # (pyzmq copies a buffer under its copy threshold, the same 64 KiB, itself).
+            # (pyzmq copies them: the outbox's copy threshold is this size, sockets.py).
             if array.nbytes < codec.ZERO_COPY_MIN_BYTES:
                 parts.append(array)
             else:
