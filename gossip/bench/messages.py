@@ -16,8 +16,8 @@ which move the bytes of a send after it returned). The loopback transport has no
 of its own: its column is the thread's.
 
 ``python -m gossip.bench.messages`` prints the table. ``--trees A,B`` runs this file once
-per tree and run, alternating, with ``PYTHONPATH`` set to each (e.g. ``/work/main`` and a
-worktree), and prints the medians side by side: the file uses only the transport's public
+per tree and run, alternating, with ``PYTHONPATH`` set to each (two checkouts: before and
+after a change), and prints the medians side by side: the file uses only the transport's public
 interface, so an older tree can be measured with it.
 """
 
