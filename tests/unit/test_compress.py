@@ -495,3 +495,22 @@ def test_code_packing_round_trips(width, count):
     assert torch.equal(unpack_codes(data, width, count), codes)
     with pytest.raises(ProtocolError, match="bytes for"):
         unpack_codes(torch.cat([data, torch.zeros(1, dtype=torch.uint8)]), width, count)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("alpha", [1.0, 1 / 3, 0.1, 2.5e-3])
+def test_scatter_add_rounds_as_index_add_does(dtype, alpha):
+    """numpy takes float32/64 targets, index_add_ the rest: the same bits either way, with
+    repeated indices added in order and values in another dtype than the target."""
+    from gossip.compress.base import Header
+    from gossip.compress.sparse import Sparse, scatter_add
+
+    gen = torch.Generator().manual_seed(9)
+    n = 5000
+    target = (torch.randn(n, generator=gen) * torch.logspace(-3, 3, n)).to(dtype)
+    idx = torch.cat([torch.randperm(n, generator=gen)[:700].sort().values,
+                     torch.tensor([3, 3, 4999, 3])])  # repeated ones too
+    values = (torch.randn(idx.numel(), generator=gen) * 1e3).to(torch.float16)
+    expected = target.clone().index_add_(0, idx, values.to(dtype), alpha=alpha)
+    got = scatter_add(Sparse(Header(n, dtype, (n,)), idx, values), target.clone(), alpha=alpha)
+    assert got.numpy().tobytes() == expected.numpy().tobytes()
