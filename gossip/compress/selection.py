@@ -30,8 +30,9 @@ SAMPLE_SIZE = 1 << 17
 #: Standard deviations of the sampled fraction the threshold is lowered by; at 4 the
 #: candidate set is too small (full fallback) about once in 30,000 calls.
 MARGIN_SIGMAS = 4.0
-#: Candidates from which the k-th magnitude is partitioned out of their small end only.
-_PARTIAL_FROM = 1 << 14
+#: Bits of a magnitude (after the sign) that pick its bucket in ``_order_statistic``.
+_BUCKET_BITS = 16
+_UINTS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 #: Elements per chunk of the numpy scan: 1 MiB of float32 stays in cache.
 _CHUNK = 1 << 18
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
@@ -207,21 +208,28 @@ def _keep_k(x: torch.Tensor, k: int, candidates: np.ndarray,
 
 
 def _kth_largest(magnitude: np.ndarray, k: int):
-    """The k-th largest of ``magnitude`` (0 < k < its size), exactly. A large set partitions
-    only its small end: every 16th value places a bound (with margin) above the (size - k)-th
-    smallest, everything up to the bound is the smallest values, ties included, so the same
-    order statistic is found among them (25M floats at 1%: 2.3 -> 1.3 ms); the whole set
-    is partitioned if the bound fell short."""
-    drop = magnitude.size - k
-    if magnitude.size >= _PARTIAL_FROM:
-        every = magnitude[::16]
-        q = (drop + 1) / magnitude.size
-        j = min(every.size - 1, math.ceil(every.size * q + MARGIN_SIGMAS
-                                          * math.sqrt(every.size * q * (1 - q))))
-        low = magnitude[magnitude <= np.partition(every, j)[j]]
-        if low.size > drop:
-            return np.partition(low, drop)[drop]
-    return np.partition(magnitude, drop)[drop]
+    """The k-th largest of ``magnitude`` (0 < k < its size), exactly."""
+    return _order_statistic(magnitude, magnitude.size - k)
+
+
+def _order_statistic(magnitude: np.ndarray, j: int):
+    """The j-th smallest (from 0) of non-negative floats, exactly what ``np.partition`` puts
+    at j (a NaN counts above +inf in both). Non-negative floats order as their bit patterns,
+    so one pass counts them into buckets by their top ``_BUCKET_BITS`` bits (1/256 of an
+    octave for float32), and only the bucket holding the j-th is partitioned: 2-3x faster
+    than partitioning all of them (top-1% candidates at 1M floats: 14.6k in ~35 against
+    ~100 us; 300k at 25M: 0.5 against 1.2 ms for the earlier partial partition)."""
+    width = 8 * magnitude.itemsize
+    top = (magnitude.view(_UINTS[magnitude.itemsize])
+           >> max(0, width - 1 - _BUCKET_BITS)).astype(np.intp)
+    base = int(top.min())
+    if base:
+        top -= base
+    ends = np.cumsum(np.bincount(top))
+    bucket = int(np.searchsorted(ends, j, side="right"))
+    members = magnitude[top == bucket]
+    j -= int(ends[bucket - 1]) if bucket else 0
+    return np.partition(members, j)[j]
 
 
 def _exact(x: torch.Tensor, k: int) -> torch.Tensor:
