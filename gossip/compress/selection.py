@@ -171,11 +171,12 @@ def _scan_values(chunks: Iterable[tuple[int, np.ndarray]], threshold: float, *,
             t = part.dtype.type(threshold)
         np.abs(part, out=scratch[:m])
         np.greater_equal(scratch[:m], t, out=mask[:m])
-        hits = np.flatnonzero(mask[:m])
+        hits = mask[:m].nonzero()[0]  # flatnonzero's wrapper (ravel, dispatch) skipped
         if hits.size:
             if gather:
                 values.append(part[hits])
-            found.append(hits + start if start else hits)
+            hits += start
+            found.append(hits)
     if not found:
         return np.zeros(0, dtype=np.int64), (np.zeros(0, dtype=scratch.dtype) if gather
                                              and scratch is not None else None)
