@@ -32,6 +32,8 @@ SAMPLE_SIZE = 1 << 17
 MARGIN_SIGMAS = 4.0
 #: Bits of a magnitude (after the sign) that pick its bucket in ``_order_statistic``.
 _BUCKET_BITS = 16
+#: Candidates from which ``_kth_largest`` takes the buckets rather than one partition.
+_BUCKETS_FROM = 1 << 15
 _UINTS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 #: Elements per chunk of the numpy scan: 1 MiB of float32 stays in cache.
 _CHUNK = 1 << 18
@@ -209,8 +211,13 @@ def _keep_k(x: torch.Tensor, k: int, candidates: np.ndarray,
 
 
 def _kth_largest(magnitude: np.ndarray, k: int):
-    """The k-th largest of ``magnitude`` (0 < k < its size), exactly."""
-    return _order_statistic(magnitude, magnitude.size - k)
+    """The k-th largest of ``magnitude`` (0 < k < its size), exactly. A small set is
+    partitioned whole: at 1M floats' ~15k candidates the buckets measured 2-3x faster
+    alone but ~0.04 ms slower in the four-process round (more passes over cold memory)."""
+    drop = magnitude.size - k
+    if magnitude.size < _BUCKETS_FROM:
+        return np.partition(magnitude, drop)[drop]
+    return _order_statistic(magnitude, drop)
 
 
 def _order_statistic(magnitude: np.ndarray, j: int):
