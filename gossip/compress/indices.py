@@ -44,7 +44,7 @@ def encode_indices(idx: torch.Tensor, n: int) -> tuple[str, torch.Tensor]:
     deltas = np.diff(a, prepend=0) if k else a
     if k and (a[0] < 0 or a[-1] >= n or (k > 1 and deltas[1:].min() <= 0)):
         raise ValueError("encode_indices needs strictly increasing indices in [0, n)")
-    scheme = min(_sizes(a, deltas, n).items(), key=lambda item: item[1])[0]
+    scheme = _smallest(a, deltas, n)
     data = _ENCODERS[scheme](a, deltas, n)
     return scheme, torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8))
 
@@ -73,25 +73,49 @@ def decode_indices(scheme: str, data: torch.Tensor, k: int, n: int) -> torch.Ten
 
 
 def _sizes(a: np.ndarray, deltas: np.ndarray, n: int) -> dict[str, int]:
+    """Every applicable scheme's size in bytes, in ``SCHEMES`` order."""
+    return {scheme: size() for scheme, _, size in _bounded_sizes(a, deltas, n)}
+
+
+def _smallest(a: np.ndarray, deltas: np.ndarray, n: int) -> str:
+    """The scheme ``_sizes`` finds smallest (the first in ``SCHEMES`` order on a tie), sizing
+    only the schemes whose lower bound still beats the best so far: at 1% density Elias-Fano
+    wins, and the varints are counted only until they pass it, the block counts not at all."""
+    best, least = "", 0
+    for scheme, bound, size in _bounded_sizes(a, deltas, n):
+        if best and bound >= least:
+            continue
+        exact = size(least if best else None)
+        if not best or exact < least:
+            best, least = scheme, exact
+    return best
+
+
+def _bounded_sizes(a: np.ndarray, deltas: np.ndarray, n: int):
+    """``(scheme, a lower bound of its size, size(stop=None))`` for every applicable scheme, in
+    ``SCHEMES`` order; ``size`` may stop counting once it reaches ``stop`` (then it returns
+    a value >= stop, not the size)."""
     k = a.size
     width = int(deltas.max()).bit_length() if k else 0
-    sizes = {"ef": 1 + _ef_size(k, n, _ef_low_bits(k, n)), "bits": 1 + (k * width + 7) // 8,
-             "varint": _varint_size(deltas)}
+    ef, bits = 1 + _ef_size(k, n, _ef_low_bits(k, n)), 1 + (k * width + 7) // 8
+    yield "ef", ef, lambda stop=None: ef
+    yield "bits", bits, lambda stop=None: bits
+    yield "varint", k, lambda stop=None: _varint_size(deltas, stop)
     nblocks = -(-n // BLOCK)
     if nblocks <= 2 * k:  # otherwise the counts alone exceed what raw costs
-        counts = np.bincount(a >> 16, minlength=nblocks)
-        sizes["block"] = _varint_size(counts) + 2 * k
-    sizes["bitmap"] = (n + 7) // 8
+        yield "block", nblocks + 2 * k, lambda stop=None: 2 * k + _varint_size(
+            np.bincount(a >> 16, minlength=nblocks), None if stop is None else stop - 2 * k)
+    yield "bitmap", (n + 7) // 8, lambda stop=None: (n + 7) // 8
     if n <= 1 << 31:
-        sizes["raw"] = 4 * k
-    return sizes
+        yield "raw", 4 * k, lambda stop=None: 4 * k
 
 
-def _varint_size(values: np.ndarray) -> int:
+def _varint_size(values: np.ndarray, stop: int | None = None) -> int:
+    """LEB128 bytes of ``values``; counting stops once the total reaches ``stop``."""
     if not values.size:
         return 0
     total, top, shift = values.size, int(values.max()), 7
-    while top >> shift:
+    while top >> shift and (stop is None or total < stop):
         total += int(np.count_nonzero(values >= (1 << shift)))
         shift += 7
     return total
@@ -132,11 +156,15 @@ def _decode_ef(buf: np.ndarray, k: int, n: int) -> np.ndarray:
         raise ProtocolError(f"ef index data has {buf.size} bytes, k={k} n={n} split {low} "
                             f"needs {1 + _ef_size(k, n, low)}")
     low_bytes = (k * low + 7) // 8
-    lows = unpack_bits(buf[1:1 + low_bytes], low, k).astype(np.int64)
-    ones = np.flatnonzero(np.unpackbits(buf[1 + low_bytes:], bitorder="little").view(bool))
+    lows = unpack_bits(buf[1:1 + low_bytes], low, k)
+    ones = np.unpackbits(buf[1 + low_bytes:], bitorder="little").view(bool).nonzero()[0]
     if ones.size != k:
         raise ProtocolError(f"ef index data holds {ones.size} indices, meta says k={k}")
-    return ((ones - np.arange(k)) << low) | lows
+    # In place: index i is (ones[i] - i) << low | lows[i] (each below 2**low: no carry).
+    ones -= np.arange(k)
+    ones <<= low
+    ones |= lows.view(np.int64)
+    return ones
 
 
 def _encode_bits(a: np.ndarray, deltas: np.ndarray, n: int) -> np.ndarray:

@@ -30,8 +30,11 @@ SAMPLE_SIZE = 1 << 17
 #: Standard deviations of the sampled fraction the threshold is lowered by; at 4 the
 #: candidate set is too small (full fallback) about once in 30,000 calls.
 MARGIN_SIGMAS = 4.0
-#: Candidates from which the k-th magnitude is partitioned out of their small end only.
-_PARTIAL_FROM = 1 << 14
+#: Bits of a magnitude (after the sign) that pick its bucket in ``_order_statistic``.
+_BUCKET_BITS = 16
+#: Candidates from which ``_kth_largest`` takes the buckets rather than one partition.
+_BUCKETS_FROM = 1 << 15
+_UINTS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 #: Elements per chunk of the numpy scan: 1 MiB of float32 stays in cache.
 _CHUNK = 1 << 18
 _NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
@@ -170,11 +173,12 @@ def _scan_values(chunks: Iterable[tuple[int, np.ndarray]], threshold: float, *,
             t = part.dtype.type(threshold)
         np.abs(part, out=scratch[:m])
         np.greater_equal(scratch[:m], t, out=mask[:m])
-        hits = np.flatnonzero(mask[:m])
+        hits = mask[:m].nonzero()[0]  # flatnonzero's wrapper (ravel, dispatch) skipped
         if hits.size:
             if gather:
                 values.append(part[hits])
-            found.append(hits + start if start else hits)
+            hits += start
+            found.append(hits)
     if not found:
         return np.zeros(0, dtype=np.int64), (np.zeros(0, dtype=scratch.dtype) if gather
                                              and scratch is not None else None)
@@ -207,21 +211,34 @@ def _keep_k(x: torch.Tensor, k: int, candidates: np.ndarray,
 
 
 def _kth_largest(magnitude: np.ndarray, k: int):
-    """The k-th largest of ``magnitude`` (0 < k < its size), exactly. A large set partitions
-    only its small end: every 16th value places a bound (with margin) above the (size - k)-th
-    smallest, everything up to the bound is the smallest values, ties included, so the same
-    order statistic is found among them (25M floats at 1%: 2.3 -> 1.3 ms); the whole set
-    is partitioned if the bound fell short."""
+    """The k-th largest of ``magnitude`` (0 < k < its size), exactly. A small set is
+    partitioned whole: at 1M floats' ~15k candidates the buckets measured 2-3x faster
+    alone but ~0.04 ms slower in the four-process round (more passes over cold memory)."""
     drop = magnitude.size - k
-    if magnitude.size >= _PARTIAL_FROM:
-        every = magnitude[::16]
-        q = (drop + 1) / magnitude.size
-        j = min(every.size - 1, math.ceil(every.size * q + MARGIN_SIGMAS
-                                          * math.sqrt(every.size * q * (1 - q))))
-        low = magnitude[magnitude <= np.partition(every, j)[j]]
-        if low.size > drop:
-            return np.partition(low, drop)[drop]
-    return np.partition(magnitude, drop)[drop]
+    if magnitude.size < _BUCKETS_FROM:
+        return np.partition(magnitude, drop)[drop]
+    return _order_statistic(magnitude, drop)
+
+
+def _order_statistic(magnitude: np.ndarray, j: int):
+    """The j-th smallest (from 0) of non-negative floats, exactly what ``np.partition`` puts
+    at j (a NaN counts above +inf in both). Non-negative floats order as their bit patterns,
+    so one pass counts them into buckets by their top ``_BUCKET_BITS`` bits (1/256 of an
+    octave for float32), and only the bucket holding the j-th is partitioned: measured
+    alone, 2-3x faster than partitioning all of them (14.6k magnitudes in ~35 against ~100
+    us; 300k, the top-1% candidates at 25M, 0.5 against 1.2 ms for the earlier partial
+    partition)."""
+    width = 8 * magnitude.itemsize
+    top = (magnitude.view(_UINTS[magnitude.itemsize])
+           >> max(0, width - 1 - _BUCKET_BITS)).astype(np.intp)
+    base = int(top.min())
+    if base:
+        top -= base
+    ends = np.cumsum(np.bincount(top))
+    bucket = int(np.searchsorted(ends, j, side="right"))
+    members = magnitude[top == bucket]
+    j -= int(ends[bucket - 1]) if bucket else 0
+    return np.partition(members, j)[j]
 
 
 def _exact(x: torch.Tensor, k: int) -> torch.Tensor:

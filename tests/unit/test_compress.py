@@ -495,3 +495,50 @@ def test_code_packing_round_trips(width, count):
     assert torch.equal(unpack_codes(data, width, count), codes)
     with pytest.raises(ProtocolError, match="bytes for"):
         unpack_codes(torch.cat([data, torch.zeros(1, dtype=torch.uint8)]), width, count)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("alpha", [1.0, 1 / 3, 0.1, 2.5e-3])
+def test_scatter_add_rounds_as_index_add_does(dtype, alpha):
+    """numpy takes float32/64 targets, index_add_ the rest: the same bits either way, with
+    repeated indices added in order and values in another dtype than the target."""
+    from gossip.compress.base import Header
+    from gossip.compress.sparse import Sparse, scatter_add
+
+    gen = torch.Generator().manual_seed(9)
+    n = 5000
+    target = (torch.randn(n, generator=gen) * torch.logspace(-3, 3, n)).to(dtype)
+    idx = torch.cat([torch.randperm(n, generator=gen)[:700].sort().values,
+                     torch.tensor([3, 3, 4999, 3])])  # repeated ones too
+    values = (torch.randn(idx.numel(), generator=gen) * 1e3).to(torch.float16)
+    expected = target.clone().index_add_(0, idx, values.to(dtype), alpha=alpha)
+    got = scatter_add(Sparse(Header(n, dtype, (n,)), idx, values), target.clone(), alpha=alpha)
+    assert got.numpy().tobytes() == expected.numpy().tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["normal", "ties", "nan", "wide", "descending", "zeros"])
+def test_the_order_statistic_by_buckets_is_what_partition_puts_there(dtype, kind):
+    from gossip.compress.selection import _order_statistic
+
+    rng = np.random.default_rng(7)
+    for size in (2, 17, 5000, 40000):
+        v = rng.standard_normal(size)
+        if kind == "ties":
+            v = np.round(v * 4) / 4
+        elif kind == "nan":
+            v[rng.integers(0, size, 1 + size // 100)] = np.nan
+        elif kind == "wide":
+            v *= 10.0 ** rng.integers(-300, 300, size)
+        elif kind == "descending":
+            v = np.sort(v)[::-1].copy()
+            v[0] = np.inf
+        elif kind == "zeros":
+            v = np.zeros(size)
+            v[::3] = -0.0
+        with np.errstate(over="ignore", under="ignore"):
+            magnitude = np.abs(v.astype(dtype))
+        for j in {0, 1, size // 2, size - size // 100 - 1, size - 1}:
+            expected, got = np.partition(magnitude, j)[j], _order_statistic(magnitude, j)
+            assert (np.isnan(expected) and np.isnan(got)) or (
+                expected == got and got.dtype == magnitude.dtype), (size, j)
