@@ -44,10 +44,12 @@ def side_by_side(task: str = "deep-mlp", *, batch: int = 32, blocks: int = 7,
                  steps: int = 20, warmup: int = 10) -> dict[str, list[float]]:
     """Per block, the median seconds of one step: ours, theirs, and our record."""
     from gossip import Peer, Topology, TrainConfig
+    from gossip.ports import free_ports
     from gossip.training.synchronous import Trainer
 
     config = TrainConfig(task=task, batch_size=batch, rounds=1 << 30, lr=0.05, momentum=0.9)
-    topology = Topology.generate("ring", 1, host="127.0.0.1")
+    # A port of its own: 7000, the default, may be another run's (or another test's).
+    topology = Topology.generate("ring", 1, host="127.0.0.1").relocated(ports=free_ports(1))
     times: dict[str, list[float]] = {"ours": [], "theirs": [], "record": []}
     with Peer(0, topology, "dpsgd") as peer:
         trainer = Trainer(peer, config)
