@@ -276,10 +276,11 @@ class Transport(ABC):
             if frames is None and deadline > clock.monotonic():
                 continue  # woken early: a peer was declared dead
             if frames is None:
+                alive = waits.on is not None and self.alive(src)
                 if (waits.on is not None and self.stats.messages_rejected == rejected_before
-                        and (self.alive(src) or self._starting(src))):
+                        and (alive or self._starting(src))):
                     # Busy, not dead: ask for cycles. Or not up yet: still starting, maybe.
-                    if self.alive(src) and waits.probe():
+                    if alive and waits.probe():
                         log.info("rank %d: waiting beyond %g s for %s, which is alive (busy)",
                                  self.rank, limit, self.describe(src))
                     deadline = clock.monotonic() + limit
