@@ -118,7 +118,7 @@ def _cases():
         yield pytest.param(8, 3, 1, sends, marks=[pytest.mark.slow] if sends >= 10 else [])
 
 
-@pytest.mark.parametrize("size, victim, dies, sends", _cases())
+@pytest.mark.parametrize("size, victim, dies, sends", list(_cases()))
 def test_ring_survivors_agree_after_a_death_at_each_step(size, victim, dies, sends,
                                                          local_topology, run_peers):
     """Every survivor adopts or redoes the round of the death alike, and they go on."""

@@ -58,7 +58,7 @@ def _cases():
         yield pytest.param("spardl", {}, 8, 3, sends, id=f"spardl-8-3-{sends}")
 
 
-@pytest.mark.parametrize("strategy, options, size, victim, sends", _cases())
+@pytest.mark.parametrize("strategy, options, size, victim, sends", list(_cases()))
 def test_sparse_all_reduce_survivors_match_an_oracle_after_a_death(
         strategy, options, size, victim, sends, local_topology, run_peers):
     """Rounds adopted (gtop-k after a root's broadcast send or an inner node's reduce send,
