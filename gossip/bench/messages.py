@@ -92,39 +92,40 @@ def _per(start: tuple[float, float], count: int) -> tuple[float, float]:
     return ((thread - start[0]) / count * 1e6, (process - start[1]) / count * 1e6)
 
 
-# ------------------------------------------------------------------ the transports' loops
+# ------------------------------------------------------------------------------ the loops
 
-def _transport_side(rank: int, transport, shapes, patterns, scale) -> dict:
+def _time_patterns(rank: int, channel, shapes, patterns, scale) -> dict:
     """Rank 0 sends a stream and starts each exchange; rank 1 receives and answers.
-    Returns {(pattern, frames, size): (thread µs, process µs)} of this side."""
-    peer, out, round = 1 - rank, {}, 0
+    ``channel(frames, size)`` gives the shape's ``(block, send, recv, ack)``: ``block()``
+    readies the next block of messages (untimed), the others move one message each.
+    Returns {"pattern/FxS": (thread µs, process µs)} of this side."""
+    out = {}
     for frames, size in shapes:
-        msg = _message(frames, size)
+        block, send, recv, ack = channel(frames, size)
         count = count_for(frames, size, scale)
         for pattern in patterns:
             for timed in (False, True):
                 n = count if timed else WARMUP
-                round += 1
-                msg = Message(kind=KIND, round=round, meta=msg.meta, buffers=msg.buffers)
+                block()
                 start = _clocks()
                 if pattern == "stream":
                     if rank == 0:
                         for _ in range(n):
-                            transport.send(peer, msg)
-                        transport.recv(src=peer, kind=KIND, round=round)  # its ack
+                            send()
+                        recv()  # the receiver's ack
                     else:
                         for _ in range(n):
-                            transport.recv(src=peer, kind=KIND, round=round)
+                            recv()
                         per = _per(start, n)
-                        transport.send(peer, Message(kind=KIND, round=round))
+                        ack()
                 else:
                     for _ in range(n):
                         if rank == 0:
-                            transport.send(peer, msg)
-                            transport.recv(src=peer, kind=KIND, round=round)
+                            send()
+                            recv()
                         else:
-                            transport.recv(src=peer, kind=KIND, round=round)
-                            transport.send(peer, msg)
+                            recv()
+                            send()
                 if rank == 0 or pattern == "pingpong":
                     per = _per(start, n)
                 if timed:
@@ -132,12 +133,31 @@ def _transport_side(rank: int, transport, shapes, patterns, scale) -> dict:
     return out
 
 
+def _transport_channel(rank: int, transport):
+    """``_time_patterns``' channel over a gossip transport: each block a round of its own."""
+    peer, state = 1 - rank, {"round": 0, "msg": None}
+
+    def channel(frames, size):
+        shaped = _message(frames, size)
+
+        def block():
+            state["round"] += 1
+            state["msg"] = Message(kind=KIND, round=state["round"], meta=shaped.meta,
+                                   buffers=shaped.buffers)
+
+        return (block, lambda: transport.send(peer, state["msg"]),
+                lambda: transport.recv(src=peer, kind=KIND, round=state["round"]),
+                lambda: transport.send(peer, Message(kind=KIND, round=state["round"])))
+    return channel
+
+
 def _zmq_rank(rank: int, world: int, ports: list[int], shapes, patterns, scale) -> dict:
     torch.set_num_threads(1)
     endpoints = [f"tcp://127.0.0.1:{p}" for p in ports]
     with ZmqTransport(rank, endpoints, kinds=[KIND]) as transport:
         transport.connect([1 - rank])
-        result = _transport_side(rank, transport, shapes, patterns, scale)
+        result = _time_patterns(rank, _transport_channel(rank, transport), shapes, patterns,
+                                scale)
         transport.shutdown()
     return result
 
@@ -149,8 +169,8 @@ def _loopback(shapes, patterns, scale) -> dict[int, dict]:
 
     def side(rank):
         try:
-            results[rank] = _transport_side(rank, hub.transport(rank, kinds=[KIND]), shapes,
-                                            patterns, scale)
+            channel = _transport_channel(rank, hub.transport(rank, kinds=[KIND]))
+            results[rank] = _time_patterns(rank, channel, shapes, patterns, scale)
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             errors.append(exc)
 
@@ -184,49 +204,19 @@ def _pyzmq_rank(rank: int, world: int, path: str, shapes, patterns, scale) -> di
         route = [sock.recv_multipart()[0]]
     header = msgpack.packb({"v": 1, "kind": KIND, "round": 0, "src": rank, "meta": _meta(),
                             "tensors": []}, use_bin_type=True)
-    out = {}
 
-    def send(arrays):
+    def channel(frames, size):
+        arrays = [np.full(SIZES[size] // 4, i + 1, dtype=np.float32) for i in range(frames)]
         parts = route + [header] + [a if a.nbytes >= 64 << 10 else a.tobytes() for a in arrays]
-        sock.send_multipart(parts, copy=False)
-
-    def recv():
-        sock.recv_multipart(copy=False)
+        return (lambda: None, lambda: sock.send_multipart(parts, copy=False),
+                lambda: sock.recv_multipart(copy=False),
+                lambda: sock.send_multipart(route + [b"ack"]))
 
     try:
-        for frames, size in shapes:
-            arrays = [np.full(SIZES[size] // 4, i + 1, dtype=np.float32) for i in range(frames)]
-            count = count_for(frames, size, scale)
-            for pattern in patterns:
-                for timed in (False, True):
-                    n = count if timed else WARMUP
-                    start = _clocks()
-                    if pattern == "stream":
-                        if rank == 0:
-                            for _ in range(n):
-                                send(arrays)
-                            recv()
-                        else:
-                            for _ in range(n):
-                                recv()
-                            per = _per(start, n)
-                            sock.send_multipart(route + [b"ack"])
-                    else:
-                        for _ in range(n):
-                            if rank == 0:
-                                send(arrays)
-                                recv()
-                            else:
-                                recv()
-                                send(arrays)
-                    if rank == 0 or pattern == "pingpong":
-                        per = _per(start, n)
-                    if timed:
-                        out[f"{pattern}/{frames}x{size}"] = per
+        return _time_patterns(rank, channel, shapes, patterns, scale)
     finally:
         sock.close(linger=2000)  # the last reply may still be on its way
         ctx.term()
-    return out
 
 
 # ----------------------------------------------------------------------------- the table
